@@ -1,0 +1,229 @@
+"""The `dispatch-admission` command line (SPEC 7)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from . import patch, settings as settings_mod
+from .admission import MUTATE, VALIDATE, Admission, BadReview
+from .errors import Denied
+from .runtimes import RuntimeFileError, load_files
+
+EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
+
+
+class Unusable(Exception):
+    """Input or settings the command cannot work with: exit 2 with a message on stderr."""
+
+
+def _now(text: str | None):
+    if text is None:
+        return lambda: datetime.now(timezone.utc)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Unusable(f"--now {text!r} is not an RFC 3339 time such as 2026-11-29T12:00:00Z") from None
+    if moment.tzinfo is None:
+        raise Unusable(f"--now {text!r} needs a time zone (a Z or an offset)")
+    return lambda: moment
+
+
+def _admission(args) -> Admission:
+    try:
+        s = settings_mod.load(args.settings)
+    except Denied as e:
+        raise Unusable(f"settings {args.settings}: {e}") from None
+    try:
+        runtimes = load_files(args.runtime or [])
+    except RuntimeFileError as e:
+        raise Unusable(f"runtime {e}") from None
+    return Admission(s, runtimes, clock=_now(getattr(args, "now", None)))
+
+
+def cmd_review(args) -> int:
+    admission = _admission(args)
+    try:
+        doc = json.loads(sys.stdin.buffer.read())
+    except (ValueError, RecursionError) as e:
+        raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
+    try:
+        response, _ = admission.review(doc, VALIDATE if args.validate else MUTATE)
+    except BadReview as e:
+        raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
+    json.dump(response, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
+
+
+def _create_review(obj: dict, uid: str) -> dict:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+            "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace") or "default",
+            "operation": "CREATE",
+            "object": obj,
+            "dryRun": True,
+        },
+    }
+
+
+def check_trainjob(admission: Admission, obj: dict, uid: str = "check") -> tuple[dict | None, dict, list[str]]:
+    """Mutate then validate one TrainJob as the API server would: (mutated or None, last response, warnings)."""
+    response, _ = admission.review(_create_review(obj, uid), MUTATE)
+    answer = response["response"]
+    warnings = list(answer.get("warnings", []))
+    if not answer["allowed"]:
+        return None, answer, warnings
+    mutated = obj
+    if "patch" in answer:
+        mutated = patch.apply(obj, json.loads(base64.b64decode(answer["patch"])))
+    response, _ = admission.review(_create_review(mutated, uid), VALIDATE)
+    answer = response["response"]
+    warnings += [w for w in answer.get("warnings", []) if w not in warnings]
+    return (mutated if answer["allowed"] else None), answer, warnings
+
+
+def cmd_check(args) -> int:
+    admission = _admission(args)
+    denied = False
+    for path in args.manifests:
+        try:
+            with open(path, encoding="utf-8") as f:
+                docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        except OSError as e:
+            raise Unusable(f"{path}: cannot read: {e.strerror}") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise Unusable(f"{path}: not YAML: {e}") from None
+        for n, doc in enumerate(docs, 1):
+            if not isinstance(doc, dict) or doc.get("kind") != "TrainJob":
+                print(f"# {path} document {n}: not a TrainJob, skipped", file=sys.stderr)
+                continue
+            name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
+            mutated, answer, warnings = check_trainjob(admission, doc, uid=f"{path}#{n}")
+            for w in warnings:
+                print(f"warning: {path}: TrainJob {name}: {w}", file=sys.stderr)
+            if mutated is None:
+                denied = True
+                st = answer["status"]
+                print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
+                print(st["message"])
+                for cause in st["details"]["causes"]:
+                    print(f"  * {cause['field']}: {cause['message']}")
+            else:
+                print(f"# {path}: TrainJob {name} admitted")
+                print("---")
+                sys.stdout.write(yaml.safe_dump(mutated, sort_keys=False))
+    return EXIT_DENIED if denied else EXIT_OK
+
+
+def cmd_settings_check(args) -> int:
+    try:
+        settings_mod.load(args.file)
+    except Denied as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_DENIED
+    print(f"{args.file}: valid")
+    return EXIT_OK
+
+
+def cmd_settings_schema(args) -> int:
+    json.dump(settings_mod.schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
+
+
+def cmd_certs(args) -> int:
+    from . import certs
+
+    written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    for p in written:
+        print(p)
+    return EXIT_OK
+
+
+def cmd_serve(args) -> int:
+    from . import server
+
+    return server.run(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dispatch-admission",
+                                description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="serve /mutate and /validate over TLS with gunicorn")
+    s.add_argument("--settings", help="settings JSON file (default: the embedded example with --dev)")
+    s.add_argument("--cert-dir", help="directory with tls.crt and tls.key (default certs/ with --dev)")
+    s.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8443 with --dev, else 0.0.0.0:8443)")
+    s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
+    s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
+    s.add_argument("--workers", type=int, default=None, help="gunicorn workers (default 2)")
+    s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
+    s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
+    s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")
+    s.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
+    r.add_argument("--settings", required=True)
+    r.add_argument("--runtime", action="append", required=True)
+    r.add_argument("--validate", action="store_true")
+    r.add_argument("--now", help="fix the clock (RFC 3339), for reproducible output")
+    r.set_defaults(func=cmd_review)
+
+    c = sub.add_parser("check", help="mutate and validate TrainJob manifests offline")
+    c.add_argument("--settings", required=True)
+    c.add_argument("--runtime", action="append", required=True)
+    c.add_argument("--now", help="fix the clock (RFC 3339)")
+    c.add_argument("manifests", nargs="+")
+    c.set_defaults(func=cmd_check)
+
+    st = sub.add_parser("settings", help="check a settings file or print the settings JSON Schema")
+    stsub = st.add_subparsers(dest="settings_command", required=True)
+    sc = stsub.add_parser("check", help="exit 0 when FILE is valid settings, 1 with the ErrInvalid message")
+    sc.add_argument("file")
+    sc.set_defaults(func=cmd_settings_check)
+    ss = stsub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the settings")
+    ss.set_defaults(func=cmd_settings_schema)
+
+    ce = sub.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
+    ce.add_argument("--service", required=True)
+    ce.add_argument("--namespace", required=True)
+    ce.add_argument("--out", required=True)
+    ce.set_defaults(func=cmd_certs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, which is our "unusable input" too
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except Unusable as e:
+        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except Denied as e:
+        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

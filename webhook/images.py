@@ -1,0 +1,40 @@
+"""Image references (SPEC 2): the publish image must be pinned by a sha256 digest and carry no tag."""
+
+from __future__ import annotations
+
+import re
+
+# The distribution reference grammar: an optional registry host (a port is not a tag), then
+# lower-case path components; a tag would be a `:` after the last path component.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
+
+# One pattern for the parser and for the published JSON Schema, so both accept the same references.
+PINNED_PATTERN = rf"^{_NAME}@{DIGEST_PATTERN}$"
+_PINNED = re.compile(PINNED_PATTERN)
+_NAME_RE = re.compile(rf"^{_NAME}$")
+_TAGGED_NAME = re.compile(rf"^{_NAME}:[\w][\w.-]{{0,127}}$")
+
+
+def pinned_problem(ref: str) -> str | None:
+    """None when `ref` is NAME@sha256:<64 lower-case hex> with no tag; otherwise what is wrong."""
+    if _PINNED.match(ref):
+        return None
+    name, at, digest = ref.partition("@")
+    if not at:
+        if _TAGGED_NAME.match(ref):
+            return "references a tag, not a digest: pin it as NAME@sha256:<64 lower-case hex digits>"
+        return "is not pinned by digest: use NAME@sha256:<64 lower-case hex digits>"
+    if _TAGGED_NAME.match(name):
+        return "carries a tag as well as a digest: drop the tag, keep NAME@sha256:<64 lower-case hex digits>"
+    if not _NAME_RE.match(name):
+        return "has an invalid image name before the digest"
+    algorithm, _, hexdigits = digest.partition(":")
+    if algorithm != "sha256":
+        return f"digest algorithm must be sha256, not {algorithm!r}"
+    if len(hexdigits) != 64:
+        return f"sha256 digest must have exactly 64 hex digits, not {len(hexdigits)}"
+    return "sha256 digest must be 64 lower-case hex digits (0-9, a-f)"

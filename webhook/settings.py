@@ -1,0 +1,330 @@
+"""Settings (SPEC 2): strict decoding of one JSON document into an immutable Settings.
+
+The JSON Schema is produced here and the parser validates with it, so the published Schema and the
+parser agree; what the Schema cannot express (unique credential names, overlapping mount paths,
+duplicate keys) the parser checks after it. Every refusal is ErrInvalid naming the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import jsonschema
+
+from . import images, paths
+from .errors import Denied, ErrInvalid, Reason, Reasons
+
+DEFAULT_MANAGER = "dispatch.go.phpboyscout.uk/publish"
+PUBLISH_VOLUME = "dispatch-publish"
+DEFAULT_INIT_CONTAINER = "dispatch-publish"
+ROUTE_IMAGE_VOLUME = "imageVolume"
+ROUTE_INIT_CONTAINER = "initContainer"
+
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# k8s IsDomainPrefixedPath: a DNS-1123 subdomain, a slash, then a non-empty HTTP path.
+DOMAIN_PREFIXED_PATH = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
+)
+
+# An example digest, for the example settings and `serve --dev` only.
+EXAMPLE_IMAGE = (
+    "registry.gitlab.com/phpboyscout/go/dispatch/publish@sha256:"
+    "0f3c8a1d2b4e5f60718293a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7"
+)
+
+
+@dataclass(frozen=True)
+class Credential:
+    name: str
+    secret: str
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class Publish:
+    image: str
+    via: str = ROUTE_IMAGE_VOLUME
+    init_container: str = DEFAULT_INIT_CONTAINER
+
+
+@dataclass(frozen=True)
+class Settings:
+    manager: str = DEFAULT_MANAGER
+    publish: Publish | None = None
+    credentials: tuple[Credential, ...] = field(default_factory=tuple)
+
+    @property
+    def configured(self) -> bool:
+        """Whether the webhook writes an entry at all (SPEC 6.1)."""
+        return self.publish is not None or bool(self.credentials)
+
+
+EXAMPLE = {
+    "manager": DEFAULT_MANAGER,
+    "publish": {"image": EXAMPLE_IMAGE, "via": ROUTE_IMAGE_VOLUME},
+    "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}],
+}
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    """The JSON Schema (draft 2020-12) of the settings document."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://dispatch.go.phpboyscout.uk/schemas/dispatch-admission-settings.json",
+        "title": "dispatch-admission settings",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "manager": {
+                "description": "The spec.runtimePatches key this webhook owns: a domain-prefixed path.",
+                "type": "string",
+                "maxLength": 253,
+                "pattern": DOMAIN_PREFIXED_PATH,
+                "default": DEFAULT_MANAGER,
+            },
+            "publish": {
+                "description": "Where the publish binary comes from. Absent: nothing is mounted at /opt/dispatch.",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["image"],
+                "properties": {
+                    "image": {
+                        "description": "The publish image, NAME@sha256:<64 lower-case hex digits>, no tag.",
+                        "type": "string",
+                        "pattern": images.PINNED_PATTERN,
+                    },
+                    "via": {
+                        "description": "imageVolume (route 1) or initContainer (route 2).",
+                        "enum": [ROUTE_IMAGE_VOLUME, ROUTE_INIT_CONTAINER],
+                        "default": ROUTE_IMAGE_VOLUME,
+                    },
+                    "initContainer": {
+                        "description": "The runtime's init container that copies the binary (route 2 only).",
+                        "type": "string",
+                        "maxLength": 63,
+                        "pattern": DNS1123_LABEL,
+                        "default": DEFAULT_INIT_CONTAINER,
+                    },
+                },
+                "dependentSchemas": {
+                    "initContainer": {"required": ["via"], "properties": {"via": {"const": ROUTE_INIT_CONTAINER}}}
+                },
+            },
+            "credentials": {
+                "description": "Secrets mounted read-only on the node container beside the publish mount.",
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "secret", "mountPath"],
+                    "properties": {
+                        "name": {
+                            "type": "string",
+                            "maxLength": 63,
+                            "pattern": DNS1123_LABEL,
+                            "not": {"const": PUBLISH_VOLUME},
+                        },
+                        "secret": {"type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
+                        "mountPath": {"type": "string", "pattern": "^/"},
+                    },
+                },
+            },
+        },
+    }
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.protocols.Validator:
+    cls = jsonschema.Draft202012Validator
+    cls.check_schema(schema())
+    return cls(schema())
+
+
+class _Pairs(dict):
+    """A decoded object that remembers keys it saw twice (json keeps the last one silently)."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _object_pairs(pairs: list[tuple[str, object]]) -> _Pairs:
+    obj = _Pairs(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+    return obj
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _key_path(parts) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(document)"
+
+
+def _join(base: str, key) -> str:
+    if isinstance(key, int):
+        return f"{base}[{key}]" if base else f"[{key}]"
+    return f"{base}.{key}" if base else str(key)
+
+
+def _walk_strict(value, where: str, reasons: Reasons) -> None:
+    """Refuse what json and the Schema let through: duplicate keys and nulls, at any depth."""
+    if value is None:
+        reasons.add(ErrInvalid, where or "(document)", "null is not allowed: it would read as unset and take the default")
+    elif isinstance(value, dict):
+        for dup in getattr(value, "duplicates", ()):
+            reasons.add(ErrInvalid, _join(where, dup), "duplicate key")
+        for k, v in value.items():
+            _walk_strict(v, _join(where, k), reasons)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk_strict(v, _join(where, i), reasons)
+    elif isinstance(value, float) and not math.isfinite(value):
+        reasons.add(ErrInvalid, where, "NaN and Infinity are not JSON")
+
+
+def _json_type(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _schema_reasons(doc, reasons: Reasons) -> None:
+    for err in sorted(_validator().iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        where = _key_path(err.absolute_path)
+        v = err.validator
+        if v == "additionalProperties":
+            allowed = err.schema.get("properties", {})
+            for key in err.instance:
+                if key not in allowed:
+                    reasons.add(ErrInvalid, _join(_key_path(err.absolute_path) if err.absolute_path else "", key),
+                                f"unknown key (known: {', '.join(allowed)})")
+        elif v == "required":
+            missing = err.message.split("'")[1] if "'" in err.message else "?"
+            base = _key_path(err.absolute_path) if err.absolute_path else ""
+            reasons.add(ErrInvalid, _join(base, missing), "required")
+        elif v == "type":
+            if err.instance is None:
+                continue  # reported by _walk_strict with the reason nulls are refused
+            reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}")
+        elif v in ("enum", "const"):
+            choices = err.validator_value if v == "enum" else [err.validator_value]
+            if err.absolute_path and err.absolute_path[-1] == "via" and v == "const":
+                continue  # reported as the dependentSchemas rule below
+            reasons.add(ErrInvalid, where, f"must be one of {', '.join(map(str, choices))}, not {err.instance!r}")
+        elif v == "dependentSchemas":
+            reasons.add(ErrInvalid, _join(where if err.absolute_path else "", "initContainer"),
+                        "is valid only with via: initContainer")
+        elif v == "not":
+            reasons.add(ErrInvalid, where, f"{err.instance!r} is reserved for the publish volume")
+        elif v == "pattern":
+            reasons.add(ErrInvalid, where, _pattern_text(err.absolute_path, err.instance))
+        elif v == "maxLength":
+            reasons.add(ErrInvalid, where, f"must be at most {err.validator_value} characters")
+        else:
+            reasons.add(ErrInvalid, where, err.message)
+
+
+def _pattern_text(path, value: str) -> str:
+    last = path[-1] if path else ""
+    if last == "image":
+        return f"{value!r} {images.pinned_problem(value)}"
+    if last == "manager":
+        return f"{value!r} must be a domain-prefixed path such as {DEFAULT_MANAGER}"
+    if last == "mountPath":
+        return f"{value!r} must be an absolute path"
+    if last == "secret":
+        return f"{value!r} must be a Secret name (a DNS-1123 subdomain)"
+    return f"{value!r} must be a DNS-1123 label (lower-case letters, digits and '-')"
+
+
+def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
+    """What the Schema cannot say: unique credential names, mount paths that overlap."""
+    creds = doc.get("credentials") or []
+    seen_names: dict[str, int] = {}
+    for i, cred in enumerate(creds):
+        name, mount = cred["name"], cred["mountPath"]
+        if name in seen_names:
+            reasons.add(ErrInvalid, f"credentials[{i}].name", f"{name!r} is already used by credentials[{seen_names[name]}]")
+        seen_names.setdefault(name, i)
+        if paths.overlaps(mount, paths.PUBLISH_DIR):
+            reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
+                        f"{mount!r} overlaps {paths.PUBLISH_DIR}, which is reserved for the publish mount")
+        for j in range(i):
+            if paths.overlaps(mount, creds[j]["mountPath"]):
+                reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
+                            f"{mount!r} overlaps credentials[{j}].mountPath {creds[j]['mountPath']!r}")
+
+
+def decode(text: str | bytes) -> object:
+    """Strict JSON: no duplicate keys, NaN, Infinity or trailing data. Raises Denied."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise Denied([_doc_reason(f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        what = "trailing data after the document" if e.msg == "Extra data" else e.msg
+        raise Denied([_doc_reason(f"{what} at line {e.lineno} column {e.colno}")]) from None
+    except (ValueError, RecursionError) as e:
+        raise Denied([_doc_reason(str(e) if isinstance(e, ValueError) else "nested too deeply")]) from None
+    return doc
+
+
+def _doc_reason(text: str) -> Reason:
+    return Reason(ErrInvalid, "(document)", text)
+
+
+def parse(text: str | bytes) -> Settings:
+    """Decode, validate and default one settings document. Raises Denied (ErrInvalid) naming key paths."""
+    doc = decode(text)
+    reasons = Reasons()
+    if not isinstance(doc, dict):
+        reasons.add(ErrInvalid, "(document)", f"must be a JSON object, not {_json_type(doc)}")
+        reasons.raise_if_any()
+    _walk_strict(doc, "", reasons)
+    _schema_reasons(doc, reasons)
+    if not reasons:
+        _semantic_reasons(doc, reasons)
+    reasons.raise_if_any()
+    return _build(doc)
+
+
+def _build(doc: dict) -> Settings:
+    publish = None
+    if "publish" in doc:
+        p = doc["publish"]
+        publish = Publish(
+            image=p["image"],
+            via=p.get("via", ROUTE_IMAGE_VOLUME),
+            init_container=p.get("initContainer", DEFAULT_INIT_CONTAINER),
+        )
+    creds = tuple(Credential(c["name"], c["secret"], c["mountPath"]) for c in doc.get("credentials", ()))
+    return Settings(manager=doc.get("manager", DEFAULT_MANAGER), publish=publish, credentials=creds)
+
+
+def load(path: str) -> Settings:
+    """Read and parse a settings file; an unreadable file is ErrInvalid too."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise Denied([_doc_reason(f"cannot read settings file {path}: {e.strerror}")]) from None
+    return parse(text)
+
+
+def example_json() -> str:
+    return json.dumps(EXAMPLE, indent=2) + "\n"
