@@ -221,7 +221,8 @@ class Admission:
             self._compute(endpoint, spec, entries, new_own, computed, out, reasons)
         else:
             self._running(endpoint, new_own, computed, out, reasons)
-        if settings.publish is not None and settings.publish.via == ROUTE_INIT_CONTAINER and mode == "compute":
+        route2 = settings.publish is not None and settings.publish.via == ROUTE_INIT_CONTAINER
+        if route2 and mode == "compute" and not reasons:
             out.warnings.append(_warning("publish.via initContainer (route 2) has not been run end to end:"
                                          " test it on your cluster before relying on it"))
         out.reasons = list(reasons)

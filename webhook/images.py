@@ -21,16 +21,16 @@ _TAGGED_NAME = re.compile(rf"^{_NAME}:[\w][\w.-]{{0,127}}$")
 
 def pinned_problem(ref: str) -> str | None:
     """None when `ref` is NAME@sha256:<64 lower-case hex> with no tag; otherwise what is wrong."""
-    if _PINNED.match(ref):
+    if _PINNED.fullmatch(ref):
         return None
     name, at, digest = ref.partition("@")
     if not at:
-        if _TAGGED_NAME.match(ref):
+        if _TAGGED_NAME.fullmatch(ref):
             return "references a tag, not a digest: pin it as NAME@sha256:<64 lower-case hex digits>"
         return "is not pinned by digest: use NAME@sha256:<64 lower-case hex digits>"
-    if _TAGGED_NAME.match(name):
+    if _TAGGED_NAME.fullmatch(name):
         return "carries a tag as well as a digest: drop the tag, keep NAME@sha256:<64 lower-case hex digits>"
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         return "has an invalid image name before the digest"
     algorithm, _, hexdigits = digest.partition(":")
     if algorithm != "sha256":

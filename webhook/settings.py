@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -145,6 +146,9 @@ def _validator() -> jsonschema.protocols.Validator:
     return cls(schema())
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class _Pairs(dict):
     """A decoded object that remembers keys it saw twice (json keeps the last one silently)."""
 
@@ -188,6 +192,9 @@ def _walk_strict(value, where: str, reasons: Reasons) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _walk_strict(v, _join(where, i), reasons)
+    elif isinstance(value, str) and _CONTROL.search(value):
+        # Also closes the gap where a pattern's `$` matches before a trailing newline.
+        reasons.add(ErrInvalid, where, "must not contain control characters (such as a newline)")
     elif isinstance(value, float) and not math.isfinite(value):
         reasons.add(ErrInvalid, where, "NaN and Infinity are not JSON")
 
@@ -204,7 +211,9 @@ def _schema_reasons(doc, reasons: Reasons) -> None:
     for err in sorted(_validator().iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         where = _key_path(err.absolute_path)
         v = err.validator
-        if v == "additionalProperties":
+        if "dependentSchemas" in err.schema_path:  # initContainer named without via: initContainer
+            reasons.add(ErrInvalid, "publish.initContainer", "is valid only with via: initContainer")
+        elif v == "additionalProperties":
             allowed = err.schema.get("properties", {})
             for key in err.instance:
                 if key not in allowed:
@@ -218,14 +227,8 @@ def _schema_reasons(doc, reasons: Reasons) -> None:
             if err.instance is None:
                 continue  # reported by _walk_strict with the reason nulls are refused
             reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}")
-        elif v in ("enum", "const"):
-            choices = err.validator_value if v == "enum" else [err.validator_value]
-            if err.absolute_path and err.absolute_path[-1] == "via" and v == "const":
-                continue  # reported as the dependentSchemas rule below
-            reasons.add(ErrInvalid, where, f"must be one of {', '.join(map(str, choices))}, not {err.instance!r}")
-        elif v == "dependentSchemas":
-            reasons.add(ErrInvalid, _join(where if err.absolute_path else "", "initContainer"),
-                        "is valid only with via: initContainer")
+        elif v == "enum":
+            reasons.add(ErrInvalid, where, f"must be one of {', '.join(err.validator_value)}, not {err.instance!r}")
         elif v == "not":
             reasons.add(ErrInvalid, where, f"{err.instance!r} is reserved for the publish volume")
         elif v == "pattern":
@@ -251,10 +254,17 @@ def _pattern_text(path, value: str) -> str:
 
 def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
     """What the Schema cannot say: unique credential names, mount paths that overlap."""
-    creds = doc.get("credentials") or []
+    creds = doc.get("credentials")
+    if not isinstance(creds, list):
+        return
+    # Only well-typed entries are compared; the Schema has already named the others.
+    creds = [c if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("mountPath"), str)
+             else {"name": None, "mountPath": None} for c in creds]
     seen_names: dict[str, int] = {}
     for i, cred in enumerate(creds):
         name, mount = cred["name"], cred["mountPath"]
+        if name is None:
+            continue
         if name in seen_names:
             reasons.add(ErrInvalid, f"credentials[{i}].name", f"{name!r} is already used by credentials[{seen_names[name]}]")
         seen_names.setdefault(name, i)
@@ -262,7 +272,7 @@ def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
             reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
                         f"{mount!r} overlaps {paths.PUBLISH_DIR}, which is reserved for the publish mount")
         for j in range(i):
-            if paths.overlaps(mount, creds[j]["mountPath"]):
+            if creds[j]["mountPath"] is not None and paths.overlaps(mount, creds[j]["mountPath"]):
                 reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
                             f"{mount!r} overlaps credentials[{j}].mountPath {creds[j]['mountPath']!r}")
 
@@ -297,8 +307,7 @@ def parse(text: str | bytes) -> Settings:
         reasons.raise_if_any()
     _walk_strict(doc, "", reasons)
     _schema_reasons(doc, reasons)
-    if not reasons:
-        _semantic_reasons(doc, reasons)
+    _semantic_reasons(doc, reasons)
     reasons.raise_if_any()
     return _build(doc)
 

@@ -1,0 +1,129 @@
+"""Builders shared by the tests: TrainJobs, runtimes, AdmissionReviews, decoded answers."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from webhook import patch as patch_mod
+from webhook.admission import Admission
+from webhook.runtimes import RuntimeIndex
+from webhook.settings import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DIGEST = "sha256:" + "0f3c8a1d2b4e5f60718293a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7"
+IMAGE = f"registry.gitlab.com/phpboyscout/go/dispatch/publish@{DIGEST}"
+MANAGER = "dispatch.go.phpboyscout.uk/publish"
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+NOW_TEXT = "2026-11-29T12:00:00Z"
+
+ROUTE1 = {"publish": {"image": IMAGE}}
+ROUTE2 = {"publish": {"image": IMAGE, "via": "initContainer", "initContainer": "dispatch-publish"}}
+CREDS = {"credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}]}
+
+
+def settings(doc: dict | None = None):
+    return parse(json.dumps(ROUTE1 if doc is None else doc))
+
+
+def runtime(name="torch-distributed", kind="ClusterTrainingRuntime", namespace=None, torch=True,
+            jobs=None) -> dict:
+    """A runtime whose replicated jobs are given as {job: pod spec}; default one `node` job."""
+    jobs = jobs if jobs is not None else {"node": {"containers": [{"name": "node", "image": "pytorch"}]}}
+    meta = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    spec: dict = {"template": {"spec": {"replicatedJobs": [
+        {"name": j, "template": {"spec": {"template": {"spec": copy.deepcopy(pod)}}}} for j, pod in jobs.items()
+    ]}}}
+    spec["mlPolicy"] = {"numNodes": 1, "torch": {}} if torch else {"numNodes": 1}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}
+
+
+def stock_runtimes() -> RuntimeIndex:
+    found = []
+    for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
+        found += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return RuntimeIndex(found)
+
+
+def trainjob(name="job", namespace="team-a", runtime_name="torch-distributed", kind=None, patches=None,
+             env=None, suspend=None, **trainer) -> dict:
+    ref = {"name": runtime_name}
+    if kind:
+        ref["kind"] = kind
+    spec: dict = {"runtimeRef": ref}
+    if trainer or env is not None:
+        spec["trainer"] = dict(trainer)
+        if env is not None:
+            spec["trainer"]["env"] = env
+    if patches is not None:
+        spec["runtimePatches"] = patches
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def pod_patch(manager: str, pod_spec: dict, job: str = "node") -> dict:
+    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}]}}}}
+
+
+def mount_patch(path: str, manager="example.com/other", container_list="containers", **extra) -> dict:
+    return pod_patch(manager, {
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        container_list: [{"name": "node", "volumeMounts": [{"name": "scratch", "mountPath": path, **extra}]}],
+    })
+
+
+def review(obj, operation="CREATE", old=None, uid="uid-1", dry_run=False, resource="trainjobs",
+           group="trainer.kubeflow.org", sub_resource=None) -> dict:
+    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {}
+    req = {
+        "uid": uid,
+        "kind": {"group": group, "version": "v1alpha1", "kind": "TrainJob"},
+        "resource": {"group": group, "version": "v1alpha1", "resource": resource},
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", ""),
+        "operation": operation,
+        "object": obj,
+        "dryRun": dry_run,
+    }
+    if old is not None:
+        req["oldObject"] = old
+    if sub_resource:
+        req["subResource"] = sub_resource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def admission(settings_doc=None, runtimes=None, now=NOW) -> Admission:
+    return Admission(settings(settings_doc), runtimes if runtimes is not None else stock_runtimes(), clock=lambda: now)
+
+
+def answer(adm: Admission, obj, endpoint="mutate", **kw) -> dict:
+    return adm.review(review(obj, **kw), endpoint)[0]["response"]
+
+
+def ops_of(resp: dict) -> list[dict]:
+    return json.loads(base64.b64decode(resp["patch"])) if "patch" in resp else []
+
+
+def mutated(adm: Admission, obj, **kw) -> dict:
+    resp = answer(adm, obj, "mutate", **kw)
+    assert resp["allowed"], resp.get("status")
+    return patch_mod.apply(obj, ops_of(resp))
+
+
+def fields(resp: dict) -> list[str]:
+    return [c["field"] for c in resp["status"]["details"]["causes"]]
+
+
+def sentinels(resp: dict) -> list[str]:
+    return [c["message"].split(":")[0] for c in resp["status"]["details"]["causes"]]

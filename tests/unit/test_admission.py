@@ -1,0 +1,308 @@
+"""The AdmissionReview envelope and the create/update semantics of SPEC 6 and 7."""
+
+import copy
+
+import pytest
+
+from webhook import patch
+from webhook.admission import BadReview
+from webhook.runtimes import RuntimeIndex, RuntimeUnavailable
+from tests.helpers import (CREDS, IMAGE, MANAGER, NOW_TEXT, ROUTE2, admission, answer, mutated, ops_of, pod_patch,
+                           review, runtime, stock_runtimes, trainjob)
+
+
+def node_spec(entry, job=0):
+    return entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][job]["template"]["spec"]["template"]["spec"]
+
+
+# ---- envelope ----
+
+@pytest.mark.parametrize("doc", [
+    None, [], "x", {}, {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "u"}},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "Other", "request": {"uid": "u"}},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": []},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}},
+    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 5}},
+])
+def test_bad_reviews_are_a_broken_request(doc):
+    with pytest.raises(BadReview):
+        admission().review(doc, "mutate")
+
+
+def test_create_without_object_is_a_broken_request():
+    doc = review(trainjob())
+    del doc["request"]["object"]
+    with pytest.raises(BadReview):
+        admission().review(doc, "mutate")
+
+
+def test_uid_echoed_and_shape():
+    resp, outcome = admission().review(review(trainjob(), uid="abc-123"), "mutate")
+    assert resp["apiVersion"] == "admission.k8s.io/v1" and resp["kind"] == "AdmissionReview"
+    assert resp["response"]["uid"] == "abc-123" and resp["response"]["patchType"] == "JSONPatch"
+    assert outcome.allowed and outcome.intercepted
+
+
+@pytest.mark.parametrize("kw", [
+    {"operation": "DELETE"}, {"operation": "CONNECT"}, {"resource": "pods", "group": ""},
+    {"sub_resource": "status"}, {"group": "example.com"},
+])
+def test_other_requests_allowed_unchanged(kw):
+    bad = trainjob(patches=[pod_patch("a.io/x", {"volumes": [{"name": "dispatch-publish"}]})])
+    resp = answer(admission(), bad, **kw)
+    assert resp == {"uid": "uid-1", "allowed": True}
+
+
+def test_dry_run_gets_the_same_answer():
+    adm = admission()
+    for job in (trainjob(), trainjob(runtime_name="missing")):
+        assert answer(adm, job, dry_run=True) == answer(adm, job, dry_run=False)
+
+
+def test_validate_never_patches():
+    adm = admission()
+    resp = answer(adm, mutated(adm, trainjob()), "validate")
+    assert resp == {"uid": "uid-1", "allowed": True}
+
+
+def test_internal_fault_is_denied_not_admitted():
+    class Broken:
+        def get(self, *a):
+            raise KeyError("boom")
+
+        def ready(self):
+            return True
+
+    resp = answer(admission(runtimes=Broken()), trainjob())
+    assert resp["allowed"] is False and resp["status"]["code"] == 500
+    assert resp["status"]["reason"] == "InternalError" and "patch" not in resp
+
+
+def test_unavailable_runtime_source_is_503():
+    class Down:
+        def get(self, *a):
+            raise RuntimeUnavailable("cache not yet synced")
+
+        def ready(self):
+            return False
+
+    resp = answer(admission(runtimes=Down()), trainjob())
+    assert resp["status"]["code"] == 503 and resp["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
+
+
+@pytest.mark.parametrize("obj", [
+    {"spec": "x"}, {"spec": {"runtimePatches": "x", "runtimeRef": {"name": "torch-distributed"}}},
+    {"spec": {"runtimePatches": [1, None], "runtimeRef": {"name": "torch-distributed"}}},
+    {"spec": {"runtimeRef": {"name": 5}}}, {"spec": {"runtimeRef": "x"}}, {"spec": {}},
+    {"metadata": [], "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"env": "x"}}},
+    {"spec": {"runtimeRef": {"name": "torch-distributed"}, "runtimePatches": [
+        {"manager": "a.io/b", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
+                {"name": "node", "volumeMounts": [{"mountPath": 7}]}]}}}}}]}}}}]}},
+])
+def test_malformed_objects_are_invalid_not_errors(obj):
+    resp = answer(admission(), obj)
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+
+
+# ---- 6.1 the entry ----
+
+def test_route1_entry_exactly():
+    job = mutated(admission({"publish": {"image": IMAGE}, **CREDS}), trainjob())
+    (entry,) = job["spec"]["runtimePatches"]
+    assert entry == {
+        "manager": MANAGER,
+        "time": NOW_TEXT,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {
+            "template": {"spec": {
+                "volumes": [
+                    {"name": "dispatch-publish", "image": {"reference": IMAGE, "pullPolicy": "IfNotPresent"}},
+                    {"name": "checkpoint-store", "secret": {"secretName": "s3-credentials"}},
+                ],
+                "containers": [{"name": "node", "volumeMounts": [
+                    {"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": True},
+                    {"name": "checkpoint-store", "mountPath": "/var/run/dispatch/creds", "readOnly": True},
+                ]}],
+            }}}}}]}}},
+    }
+
+
+def test_route2_entry_exactly():
+    rts = RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})])
+    adm = admission(ROUTE2, runtimes=rts)
+    resp = answer(adm, trainjob())
+    assert resp["allowed"]
+    assert any("end to end" in w for w in resp["warnings"])
+    spec = node_spec(ops_of(resp)[0]["value"][0])
+    assert spec == {
+        "volumes": [{"name": "dispatch-publish", "emptyDir": {}}],
+        "initContainers": [{"name": "dispatch-publish", "env": [{"name": "DISPATCH_PUBLISH_DEST", "value": "/opt/dispatch"}],
+                            "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": True}]}],
+    }
+
+
+def test_credentials_only_entry_has_no_publish_volume():
+    spec = node_spec(mutated(admission(CREDS), trainjob())["spec"]["runtimePatches"][0])
+    assert [v["name"] for v in spec["volumes"]] == ["checkpoint-store"]
+
+
+def test_nothing_configured_no_entry():
+    resp = answer(admission({}), trainjob())
+    assert resp == {"uid": "uid-1", "allowed": True}
+
+
+def test_mpi_launcher_both_jobs_patched():
+    job = mutated(admission(), trainjob(runtime_name="mpi-launcher"))
+    jobs = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert [j["name"] for j in jobs] == ["node", "launcher"]
+
+
+# ---- 6.2 create ----
+
+def test_appended_after_existing_entries():
+    job = mutated(admission(), trainjob(patches=[{"manager": "a.io/x"}, {"manager": "b.io/y"}]))
+    assert [e["manager"] for e in job["spec"]["runtimePatches"]] == ["a.io/x", "b.io/y", MANAGER]
+
+
+def test_list_created_when_absent():
+    ops = ops_of(answer(admission(), trainjob()))
+    assert ops[0]["op"] == "add" and ops[0]["path"] == "/spec/runtimePatches"
+
+
+def test_time_kept_when_content_unchanged():
+    adm = admission()
+    job = mutated(adm, trainjob())
+    job["spec"]["runtimePatches"][0]["time"] = "2020-01-01T00:00:00Z"
+    assert "patch" not in answer(adm, job)
+    assert answer(adm, job, endpoint="validate")["allowed"]
+
+
+def test_json_pointer_escaping():
+    assert patch._pointer("metadata", "annotations", "a/b~c") == "/metadata/annotations/a~1b~0c"
+
+
+# ---- 6.3 update ----
+
+def created(adm, **kw):
+    return mutated(adm, trainjob(**kw))
+
+
+def test_label_change_on_running_job_untouched():
+    adm = admission()
+    old = created(adm, suspend=False)
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"a": "b"}
+    for ep in ("mutate", "validate"):
+        resp = answer(adm, new, ep, operation="UPDATE", old=old)
+        assert resp == {"uid": "uid-1", "allowed": True}
+
+
+def test_metadata_update_allowed_even_when_runtime_is_gone():
+    old = created(admission())
+    new = copy.deepcopy(old)
+    new["metadata"]["finalizers"] = []
+    gone = admission(runtimes=RuntimeIndex([]))
+    assert answer(gone, new, "validate", operation="UPDATE", old=old)["allowed"]
+
+
+def test_editing_the_entry_is_refused():
+    adm = admission()
+    old = created(adm, suspend=True)
+    new = copy.deepcopy(old)
+    node_spec(new["spec"]["runtimePatches"][0])["containers"][0]["volumeMounts"][0]["readOnly"] = False
+    for ep in ("mutate", "validate"):
+        resp = answer(adm, new, ep, operation="UPDATE", old=old)
+        assert resp["allowed"] is False and "immutable" in resp["status"]["message"]
+
+
+def test_time_only_change_is_not_an_edit():
+    adm = admission()
+    old = created(adm)
+    new = copy.deepcopy(old)
+    new["spec"]["runtimePatches"][0]["time"] = "2027-01-01T00:00:00Z"
+    assert answer(adm, new, "validate", operation="UPDATE", old=old)["allowed"]
+
+
+def test_removed_entry_put_back_at_its_old_position():
+    adm = admission()
+    old = created(adm, patches=[{"manager": "a.io/x"}, {"manager": "b.io/y"}])
+    old["spec"]["runtimePatches"].insert(1, old["spec"]["runtimePatches"].pop())  # ours in the middle
+    new = copy.deepcopy(old)
+    del new["spec"]["runtimePatches"][1]
+    resp = answer(adm, new, operation="UPDATE", old=old)
+    assert resp["allowed"] and any("put back" in w for w in resp["warnings"])
+    restored = patch.apply(new, ops_of(resp))
+    assert restored["spec"]["runtimePatches"] == old["spec"]["runtimePatches"]
+    st = answer(adm, new, "validate", operation="UPDATE", old=old)
+    assert st["allowed"] is False and "removed" in st["status"]["message"]
+
+
+def test_removed_whole_list_put_back():
+    adm = admission()
+    old = created(adm)
+    new = copy.deepcopy(old)
+    del new["spec"]["runtimePatches"]
+    restored = patch.apply(new, ops_of(answer(adm, new, operation="UPDATE", old=old)))
+    assert restored == old
+
+
+def test_settings_rollout_keeps_the_old_entry_with_a_warning():
+    old = created(admission())
+    new = copy.deepcopy(old)
+    new["spec"]["suspend"] = True
+    later = admission({"publish": {"image": "publish@sha256:" + "c" * 64}})
+    for ep in ("mutate", "validate"):
+        resp = answer(later, new, ep, operation="UPDATE", old=old)
+        assert resp["allowed"] and "patch" not in resp
+        assert any("keeps its old publish mount" in w for w in resp["warnings"])
+
+
+def test_entry_added_when_suspended_old_job_lacks_it():
+    adm = admission()
+    old = trainjob(suspend=True)
+    new = copy.deepcopy(old)
+    new["spec"]["suspend"] = False  # resume: suspended in the old object
+    got = patch.apply(new, ops_of(answer(adm, new, operation="UPDATE", old=old)))
+    assert got["spec"]["runtimePatches"][0]["manager"] == MANAGER
+    assert answer(adm, got, "validate", operation="UPDATE", old=old)["allowed"]
+    refused = answer(adm, new, "validate", operation="UPDATE", old=old)
+    assert refused["allowed"] is False and "bypassed" in refused["status"]["message"]
+
+
+def test_running_job_without_entry_never_gets_one():
+    adm = admission()
+    old = trainjob(suspend=False)
+    new = copy.deepcopy(old)
+    new["spec"]["trainer"] = {"numNodes": 3}
+    for ep in ("mutate", "validate"):
+        resp = answer(adm, new, ep, operation="UPDATE", old=old)
+        assert resp["allowed"] and "patch" not in resp
+        assert any("none is added" in w for w in resp["warnings"])
+
+
+def test_update_that_adds_a_mount_is_checked():
+    adm = admission()
+    old = created(adm, suspend=True)
+    new = copy.deepcopy(old)
+    new["spec"]["runtimePatches"].insert(0, pod_patch("a.io/x", {"containers": [
+        {"name": "node", "volumeMounts": [{"name": "v", "mountPath": "/opt/dispatch/p"}]}]}))
+    for ep in ("mutate", "validate"):
+        assert answer(adm, new, ep, operation="UPDATE", old=old)["allowed"] is False
+
+
+def test_forged_entry_on_update_of_running_job_refused():
+    from tests.unit.test_rules import forged
+    adm = admission()
+    old = trainjob()
+    new = trainjob(patches=[forged()])
+    resp = answer(adm, new, "validate", operation="UPDATE", old=old)
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+
+
+def test_warnings_are_short_plain_sentences():
+    adm = admission(ROUTE2, runtimes=RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})]))
+    for w in answer(adm, trainjob())["warnings"]:
+        assert len(w) <= 120 and not w.lower().startswith("warning")

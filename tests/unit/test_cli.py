@@ -1,0 +1,90 @@
+"""The offline CLI, run as a user runs it: the console script in a subprocess."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import EXAMPLES, MANAGER, NOW_TEXT, review, trainjob
+
+RUNTIMES = sorted(str(p) for p in (EXAMPLES / "runtimes").glob("*.yaml"))
+ROUTE1 = str(EXAMPLES / "settings" / "route1.json")
+ROUTE2 = str(EXAMPLES / "settings" / "route2.json")
+
+
+def cli(*args, stdin=None):
+    exe = shutil.which("dispatch-admission", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "webhook"]
+    return subprocess.run(cmd + list(args), input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def runtime_args():
+    return [a for r in RUNTIMES for a in ("--runtime", r)]
+
+
+@pytest.mark.parametrize("manifest", sorted((EXAMPLES / "trainjobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_check_examples(manifest):
+    settings = ROUTE2 if "route2" in manifest.name else ROUTE1
+    got = cli("check", "--settings", settings, *runtime_args(), "--now", NOW_TEXT, str(manifest))
+    if manifest.name.startswith("admitted"):
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert "admitted" in got.stdout and MANAGER in got.stdout and NOW_TEXT in got.stdout
+        assert "/opt/dispatch" in got.stdout
+    else:
+        assert got.returncode == 1, got.stdout + got.stderr
+        assert "denied" in got.stdout and "  * spec." in got.stdout
+
+
+def test_check_unusable_input(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [")
+    assert cli("check", "--settings", ROUTE1, *runtime_args(), str(bad)).returncode == 2
+    assert cli("check", "--settings", str(EXAMPLES / "settings" / "invalid.json"), *runtime_args(),
+               str(EXAMPLES / "trainjobs" / "admitted-torch.yaml")).returncode == 2
+    assert cli("check", "--settings", ROUTE1, "--runtime", str(bad), str(bad)).returncode == 2
+
+
+def test_review_matches_mutate_and_validate():
+    doc = json.dumps(review(trainjob(runtime_name="torch-distributed")))
+    got = cli("review", "--settings", ROUTE1, *runtime_args(), "--now", NOW_TEXT, stdin=doc)
+    assert got.returncode == 0, got.stderr
+    resp = json.loads(got.stdout)["response"]
+    assert resp["uid"] == "uid-1" and resp["allowed"] and resp["patchType"] == "JSONPatch"
+    got = cli("review", "--settings", ROUTE1, *runtime_args(), "--validate", stdin=doc)
+    resp = json.loads(got.stdout)["response"]
+    assert got.returncode == 0 and resp["allowed"] is False and resp["status"]["code"] == 422
+
+
+def test_review_is_reproducible_with_now():
+    doc = json.dumps(review(trainjob()))
+    a = cli("review", "--settings", ROUTE1, *runtime_args(), "--now", NOW_TEXT, stdin=doc).stdout
+    b = cli("review", "--settings", ROUTE1, *runtime_args(), "--now", NOW_TEXT, stdin=doc).stdout
+    assert a == b
+
+
+@pytest.mark.parametrize("stdin", ["not json", "[]", '{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}'])
+def test_review_unusable_input_exits_2(stdin):
+    got = cli("review", "--settings", ROUTE1, *runtime_args(), stdin=stdin)
+    assert got.returncode == 2 and got.stderr and not got.stdout
+
+
+def test_review_bad_now_exits_2():
+    got = cli("review", "--settings", ROUTE1, *runtime_args(), "--now", "yesterday", stdin="{}")
+    assert got.returncode == 2 and "--now" in got.stderr
+
+
+def test_settings_check_and_schema():
+    assert cli("settings", "check", ROUTE1).returncode == 0
+    bad = cli("settings", "check", str(EXAMPLES / "settings" / "invalid.json"))
+    assert bad.returncode == 1 and bad.stderr.startswith("ErrInvalid: ")
+    assert "publish.image" in bad.stderr and "credentials[0].mountPath" in bad.stderr
+    schema = json.loads(cli("settings", "schema").stdout)
+    assert schema["additionalProperties"] is False
+
+
+def test_python_dash_m_works():
+    got = subprocess.run([sys.executable, "-m", "webhook", "settings", "check", ROUTE2], capture_output=True, text=True)
+    assert got.returncode == 0

@@ -1,0 +1,60 @@
+"""Properties over generated TrainJobs: the patch applies, the result validates, mutation is idempotent."""
+
+import copy
+
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+from webhook import patch, paths
+from tests.helpers import CREDS, ROUTE1, ROUTE2, admission, answer, ops_of
+from tests.strategies import trainjobs
+
+SETTINGS = [ROUTE1, {**ROUTE1, **CREDS}, ROUTE2, CREDS, {}]
+ADMISSIONS = [admission(s) for s in SETTINGS]
+
+
+def other_mounts(job, manager):
+    for entry in job["spec"].get("runtimePatches", []):
+        if entry["manager"] == manager:
+            continue
+        for rj in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            pod = rj["template"]["spec"]["template"]["spec"]
+            for lst in ("containers", "initContainers"):
+                for c in pod.get(lst, []):
+                    for m in c.get("volumeMounts", []):
+                        yield m["mountPath"]
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job=trainjobs(), which=st.integers(0, len(SETTINGS) - 1))
+def test_admitted_patch_applies_validates_and_is_idempotent(job, which):
+    adm = ADMISSIONS[which]
+    sent = copy.deepcopy(job)
+    resp = answer(adm, job)
+    assert job == sent, "the review must not modify the object it was given"
+    if not resp["allowed"]:
+        assert resp["status"]["code"] in (422, 403, 404)
+        assert "patch" not in resp
+        return
+    # Nothing admitted mounts anything but the publish volume at /opt/dispatch.
+    assert not any(paths.under_publish_dir(p) for p in other_mounts(job, adm.settings.manager))
+    result = patch.apply(job, ops_of(resp))
+    again = answer(adm, result)
+    assert again["allowed"] and "patch" not in again, "a second mutation must be a no-op"
+    valid = answer(adm, result, "validate")
+    assert valid["allowed"], valid.get("status")
+    own = [e for e in result["spec"].get("runtimePatches", []) if e["manager"] == adm.settings.manager]
+    assert len(own) == (1 if adm.settings.configured else 0)
+    assert len(result["spec"].get("runtimePatches", [])) <= 16
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(job=trainjobs())
+def test_validate_agrees_with_mutate_on_the_result(job):
+    adm = ADMISSIONS[0]
+    m = answer(adm, job)
+    v = answer(adm, job, "validate")
+    if not m["allowed"]:
+        assert not v["allowed"]
+        # The same rule violations, bar S5 which only the validator reports.
+        assert {c["field"] for c in m["status"]["details"]["causes"]} <= {c["field"] for c in v["status"]["details"]["causes"]}

@@ -1,0 +1,277 @@
+"""One test (at least) per rule of SPEC 5: each fails when its rule is removed."""
+
+import pytest
+
+from webhook.runtimes import RuntimeIndex
+from tests.helpers import (CREDS, IMAGE, MANAGER, ROUTE1, ROUTE2, admission, answer, fields, mount_patch,
+                           pod_patch, runtime, sentinels, trainjob)
+
+
+def denied(resp, code, sentinel):
+    assert resp["allowed"] is False
+    st = resp["status"]
+    assert st["code"] == code and st["message"].startswith(sentinel + ": ")
+    return st
+
+
+# ---- S1 ----
+
+@pytest.mark.parametrize("endpoint", ["mutate", "validate"])
+def test_s1_reserved_volume_in_another_entry(endpoint):
+    job = trainjob(patches=[pod_patch("example.com/other", {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}]})])
+    st = denied(answer(admission(), job, endpoint), 422, "ErrInvalid")
+    assert st["details"]["causes"][0]["field"].endswith("volumes[0].name")
+
+
+def test_s1_reserved_volume_mounted_by_another_entry():
+    job = trainjob(patches=[pod_patch("example.com/other", {"containers": [
+        {"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/tmp/p"}]}]})])
+    st = denied(answer(admission(ROUTE2), job), 422, "ErrInvalid")
+    assert "volumeMounts[0].name" in st["message"]
+
+
+def test_s1_own_entry_may_use_the_reserved_volume():
+    resp = answer(admission(), trainjob())
+    assert resp["allowed"]
+
+
+# ---- S2 ----
+
+@pytest.mark.parametrize("path", ["/opt/dispatch", "//opt//dispatch", "/opt/./dispatch/", "/opt/x/../dispatch",
+                                  "opt/dispatch", "/opt/dispatch/publish", "/../opt/dispatch/sub/"])
+@pytest.mark.parametrize("lst", ["containers", "initContainers"])
+def test_s2_mount_at_or_under_opt_dispatch(path, lst):
+    job = trainjob(patches=[mount_patch(path, container_list=lst)])
+    st = denied(answer(admission(), job), 422, "ErrInvalid")
+    assert st["details"]["causes"][0]["field"].endswith(f"{lst}[0].volumeMounts[0].mountPath")
+
+
+@pytest.mark.parametrize("extra", [{"subPath": "x"}, {"subPathExpr": "$(POD)"}, {"readOnly": True}])
+def test_s2_sub_path_variants(extra):
+    job = trainjob(patches=[mount_patch("/opt/dispatch/publish", **extra)])
+    denied(answer(admission(), job), 422, "ErrInvalid")
+
+
+@pytest.mark.parametrize("path", ["/opt/dispatcher", "/opt", "/opt/Dispatch", "/data"])
+def test_s2_neighbours_allowed(path):
+    assert answer(admission(), trainjob(patches=[mount_patch(path)]))["allowed"]
+
+
+def test_s2_applies_without_publish_configured():
+    denied(answer(admission({}), trainjob(patches=[mount_patch("/opt/dispatch")])), 422, "ErrInvalid")
+
+
+# ---- S3 ----
+
+def test_s3_dispatch_env_names():
+    job = trainjob(env=[{"name": "OK", "value": "1"}, {"name": "DISPATCH_X", "value": "1"}])
+    st = denied(answer(admission(), job), 422, "ErrInvalid")
+    assert fields({"status": st}) == ["spec.trainer.env[1].name"]
+
+
+def test_s3_dispatch_env_in_another_entry():
+    job = trainjob(patches=[pod_patch("example.com/other", {"initContainers": [
+        {"name": "dispatch-publish", "env": [{"name": "DISPATCH_PUBLISH_DEST", "value": "/tmp"}]}]})])
+    denied(answer(admission(ROUTE2), job), 422, "ErrInvalid")
+
+
+def test_s3_similar_names_allowed():
+    assert answer(admission(), trainjob(env=[{"name": "dispatch_x", "value": "1"}, {"name": "XDISPATCH_", "value": ""}]))["allowed"]
+
+
+# ---- S4 ----
+
+def forged(**change):
+    entry = pod_patch(MANAGER, {
+        "volumes": [{"name": "dispatch-publish", "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
+    })
+    entry.update(change)
+    return entry
+
+
+def test_s4_forged_entry_refused_by_validate():
+    st = denied(answer(admission(), trainjob(patches=[forged()]), "validate"), 422, "ErrInvalid")
+    assert fields({"status": st}) == ["spec.runtimePatches[0]"]
+
+
+def test_s4_forged_entry_replaced_by_mutate_with_warning():
+    resp = answer(admission(), trainjob(patches=[{"manager": "a.io/x"}, forged()]))
+    assert resp["allowed"]
+    from tests.helpers import ops_of
+    ops = ops_of(resp)
+    assert [o["op"] for o in ops] == ["replace"] and ops[0]["path"] == "/spec/runtimePatches/1"
+    assert ops[0]["value"]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["spec"]["volumes"][0]["image"]["reference"] == IMAGE
+    assert any("replaced" in w for w in resp["warnings"])
+
+
+def test_s4_entry_without_settings_is_refused():
+    st = denied(answer(admission({}), trainjob(patches=[forged()]), "validate"), 422, "ErrInvalid")
+    assert "not allowed" in st["message"]
+
+
+# ---- S5 ----
+
+def test_s5_validate_refuses_a_create_without_the_entry():
+    st = denied(answer(admission(), trainjob(), "validate"), 422, "ErrInvalid")
+    assert "bypassed" in st["message"] and fields({"status": st}) == ["spec.runtimePatches"]
+
+
+def test_s5_credentials_alone_also_require_the_entry():
+    denied(answer(admission(CREDS), trainjob(), "validate"), 422, "ErrInvalid")
+
+
+def test_s5_nothing_configured_requires_nothing():
+    assert answer(admission({}), trainjob(), "validate")["allowed"]
+
+
+# ---- R1 ----
+
+@pytest.mark.parametrize("ref,field", [
+    ({"apiGroup": "kubeflow.org", "name": "torch-distributed"}, "spec.runtimeRef.apiGroup"),
+    ({"kind": "JobSet", "name": "torch-distributed"}, "spec.runtimeRef.kind"),
+])
+def test_r1_unknown_group_or_kind(ref, field):
+    job = trainjob()
+    job["spec"]["runtimeRef"] = ref
+    st = denied(answer(admission(), job), 403, "ErrUnsupported")
+    assert field in fields({"status": st})
+
+
+def test_r1_defaults_are_trainer_cluster_runtime():
+    job = trainjob()
+    job["spec"]["runtimeRef"] = {"name": "torch-distributed", "apiGroup": "", "kind": ""}
+    assert answer(admission(), job)["allowed"]
+
+
+# ---- R2 ----
+
+def test_r2_missing_cluster_runtime():
+    st = denied(answer(admission(), trainjob(runtime_name="nope")), 404, "ErrNotFound")
+    assert st["reason"] == "NotFound" and fields({"status": st}) == ["spec.runtimeRef.name"]
+
+
+def test_r2_training_runtime_is_looked_up_in_the_trainjob_namespace():
+    rts = RuntimeIndex([runtime("mine", kind="TrainingRuntime", namespace="team-b")])
+    assert answer(admission(runtimes=rts), trainjob(namespace="team-b", runtime_name="mine", kind="TrainingRuntime"))["allowed"]
+    denied(answer(admission(runtimes=rts), trainjob(namespace="team-a", runtime_name="mine", kind="TrainingRuntime")),
+           404, "ErrNotFound")
+    # A ClusterTrainingRuntime of the same name is not a TrainingRuntime.
+    denied(answer(admission(runtimes=rts), trainjob(namespace="team-b", runtime_name="mine")), 404, "ErrNotFound")
+
+
+# ---- R3 ----
+
+def test_r3_no_node_container():
+    rts = RuntimeIndex([runtime(jobs={"worker": {"containers": [{"name": "trainer"}]}})])
+    st = denied(answer(admission(runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    assert "'node'" in st["message"]
+
+
+def test_r3_every_job_with_a_node_container_is_targeted():
+    rts = RuntimeIndex([runtime(jobs={
+        "launcher": {"containers": [{"name": "node"}]},
+        "worker": {"containers": [{"name": "sidecar"}]},
+        "node": {"containers": [{"name": "x"}, {"name": "node"}]},
+    })])
+    from tests.helpers import ops_of
+    entry = ops_of(answer(admission(runtimes=rts), trainjob()))[0]["value"][0]
+    jobs = [j["name"] for j in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+    assert jobs == ["launcher", "node"]
+
+
+# ---- R4 ----
+
+def test_r4_route2_needs_the_init_container_in_every_target_job():
+    rts = RuntimeIndex([runtime(jobs={
+        "node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]},
+        "launcher": {"containers": [{"name": "node"}]},
+        "other": {"containers": [{"name": "node"}], "initContainers": [{"name": "copy"}]},
+    })])
+    st = denied(answer(admission(ROUTE2, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    assert len(st["details"]["causes"]) == 2
+    assert "'launcher'" in st["message"] and "'other'" in st["message"] and "'node'" not in st["message"]
+
+
+def test_r4_route1_does_not_need_it():
+    assert answer(admission(ROUTE1), trainjob())["allowed"]
+
+
+# ---- R5 ----
+
+@pytest.mark.parametrize("pod", [
+    {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}], "containers": [{"name": "node"}]},
+    {"volumes": [{"name": "checkpoint-store", "emptyDir": {}}], "containers": [{"name": "node"}]},
+    {"containers": [{"name": "node", "volumeMounts": [{"name": "v", "mountPath": "/opt/dispatch"}]}]},
+    {"containers": [{"name": "node"}], "initContainers": [{"name": "i", "volumeMounts": [{"name": "v", "mountPath": "//opt/dispatch/x/"}]}]},
+])
+def test_r5_runtime_already_uses_the_reserved_names_or_path(pod):
+    rts = RuntimeIndex([runtime(jobs={"node": pod})])
+    denied(answer(admission({**ROUTE1, **CREDS}, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+
+
+def test_r5_other_jobs_of_the_runtime_count_too():
+    rts = RuntimeIndex([runtime(jobs={"node": {"containers": [{"name": "node"}]},
+                                      "init": {"containers": [{"name": "x", "volumeMounts": [{"name": "v", "mountPath": "/opt/dispatch"}]}]}})])
+    denied(answer(admission(runtimes=rts), trainjob()), 403, "ErrUnsupported")
+
+
+# ---- R6 ----
+
+def test_r6_num_proc_per_node_needs_torch():
+    rts = RuntimeIndex([runtime(torch=False)])
+    st = denied(answer(admission(runtimes=rts), trainjob(numProcPerNode=4)), 403, "ErrUnsupported")
+    assert fields({"status": st}) == ["spec.trainer.numProcPerNode"]
+    assert answer(admission(), trainjob(numProcPerNode=4))["allowed"]
+    assert answer(admission(runtimes=rts), trainjob(numNodes=2))["allowed"]
+
+
+# ---- R7 ----
+
+@pytest.mark.parametrize("name", ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"])
+def test_r7_torch_reserved_env(name):
+    st = denied(answer(admission(), trainjob(env=[{"name": name, "value": "1"}])), 422, "ErrInvalid")
+    assert fields({"status": st}) == ["spec.trainer.env[0].name"]
+
+
+def test_r7_only_on_torch_runtimes():
+    rts = RuntimeIndex([runtime(torch=False)])
+    assert answer(admission(runtimes=rts), trainjob(env=[{"name": "PET_NNODES", "value": "1"}]))["allowed"]
+
+
+# ---- R8 ----
+
+def test_r8_no_room_for_the_entry():
+    full = [{"manager": f"example.com/m{i}"} for i in range(16)]
+    st = denied(answer(admission(), trainjob(patches=full)), 403, "ErrUnsupported")
+    assert "16" in st["message"]
+    assert answer(admission(), trainjob(patches=full[:15]))["allowed"]
+
+
+def test_r8_replacing_own_entry_needs_no_room():
+    full = [{"manager": f"example.com/m{i}"} for i in range(15)] + [forged()]
+    assert answer(admission(), trainjob(patches=full))["allowed"]
+
+
+# ---- the error table ----
+
+def test_every_reason_named_and_code_from_the_first_sentinel():
+    rts = RuntimeIndex([runtime(torch=False)])
+    job = trainjob(env=[{"name": "DISPATCH_A", "value": "1"}], numProcPerNode=2,
+                   patches=[mount_patch("/opt/dispatch"), mount_patch("/opt/dispatch/x", manager="b.io/y")])
+    resp = answer(admission(runtimes=rts), job)
+    st = denied(resp, 422, "ErrInvalid")
+    assert st["reason"] == "Invalid"
+    assert sorted(sentinels(resp)) == ["ErrInvalid"] * 3 + ["ErrUnsupported"]
+    assert st["message"].count("; ") == 3
+    assert "ErrUnsupported: " in st["message"]
+    assert st["details"]["group"] == "trainer.kubeflow.org" and st["details"]["kind"] == "TrainJob"
+    assert st["details"]["name"] == "job"
+
+
+def test_unsupported_and_not_found_together_give_403():
+    job = trainjob(runtime_name="nope")
+    job["spec"]["runtimeRef"]["kind"] = "Other"
+    st = denied(answer(admission(), job), 403, "ErrUnsupported")
+    assert st["reason"] == "Forbidden"

@@ -1,0 +1,168 @@
+import json
+
+import jsonschema
+import pytest
+
+from webhook import settings as s
+from webhook.errors import Denied, ErrInvalid
+from tests.helpers import IMAGE, EXAMPLES
+
+HEX = "b" * 64
+
+
+def refused(doc_or_text) -> Denied:
+    text = doc_or_text if isinstance(doc_or_text, str) else json.dumps(doc_or_text)
+    with pytest.raises(Denied) as e:
+        s.parse(text)
+    assert e.value.sentinel is ErrInvalid
+    assert str(e.value).startswith("ErrInvalid: ")
+    return e.value
+
+
+def fields(d: Denied) -> list[str]:
+    return [r.field for r in d.reasons]
+
+
+def test_defaults():
+    got = s.parse("{}")
+    assert got == s.Settings(manager=s.DEFAULT_MANAGER, publish=None, credentials=())
+    assert not got.configured
+    route1 = s.parse(json.dumps({"publish": {"image": IMAGE}}))
+    assert route1.publish == s.Publish(image=IMAGE, via="imageVolume", init_container="dispatch-publish")
+    assert route1.configured
+
+
+def test_full_document():
+    got = s.parse((EXAMPLES / "settings" / "route1.json").read_text())
+    assert got.credentials == (s.Credential("checkpoint-store", "s3-credentials", "/var/run/dispatch/creds"),)
+    r2 = s.parse((EXAMPLES / "settings" / "route2.json").read_text())
+    assert r2.publish.via == "initContainer" and r2.publish.init_container == "dispatch-publish"
+
+
+def test_credentials_alone_configure_the_entry():
+    got = s.parse(json.dumps({"credentials": [{"name": "c", "secret": "s", "mountPath": "/c"}]}))
+    assert got.publish is None and got.configured
+
+
+@pytest.mark.parametrize("image", [
+    f"publish:v1@sha256:{HEX}", "publish:v1", "publish", f"publish@sha256:{'b' * 63}", f"publish@sha256:{'b' * 65}",
+    f"publish@sha256:{'B' * 64}", f"publish@sha512:{'b' * 128}", f"publish@sha256:{HEX}\n", "",
+])
+def test_image_refused(image):
+    d = refused({"publish": {"image": image}})
+    assert "publish.image" in fields(d)
+
+
+def test_image_with_registry_port_accepted():
+    assert s.parse(json.dumps({"publish": {"image": f"host:5000/path/publish@sha256:{HEX}"}})).publish
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"unknown": 1}, "unknown"),
+    ({"publish": {"image": IMAGE, "extra": True}}, "publish.extra"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/a", "x": 1}]}, "credentials[0].x"),
+    ({"manager": None}, "manager"),
+    ({"publish": None}, "publish"),
+    ({"publish": {"image": IMAGE, "via": None}}, "publish.via"),
+    ({"credentials": [None]}, "credentials[0]"),
+    ({"manager": 7}, "manager"),
+    ({"publish": "x"}, "publish"),
+    ({"credentials": {}}, "credentials"),
+    ({"publish": {"image": IMAGE, "via": "sidecar"}}, "publish.via"),
+    ({"publish": {}}, "publish.image"),
+    ({"publish": {"image": IMAGE, "initContainer": "dispatch-publish"}}, "publish.initContainer"),
+    ({"publish": {"image": IMAGE, "via": "imageVolume", "initContainer": "x"}}, "publish.initContainer"),
+    ({"publish": {"image": IMAGE, "via": "initContainer", "initContainer": "Not_A_Label"}}, "publish.initContainer"),
+    ({"manager": "no-domain"}, "manager"),
+    ({"manager": "Example.com/x"}, "manager"),
+    ({"manager": "example.com/"}, "manager"),
+    ({"credentials": [{"name": "dispatch-publish", "secret": "s", "mountPath": "/a"}]}, "credentials[0].name"),
+    ({"credentials": [{"name": "UPPER", "secret": "s", "mountPath": "/a"}]}, "credentials[0].name"),
+    ({"credentials": [{"name": "a", "secret": "S_bad", "mountPath": "/a"}]}, "credentials[0].secret"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "relative/path"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/opt/dispatch"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/opt/dispatch/creds"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/opt"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "//opt/./dispatch/"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/x/../opt/dispatch"}]}, "credentials[0].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"}, {"name": "a", "secret": "t", "mountPath": "/d"}]},
+     "credentials[1].name"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"}, {"name": "b", "secret": "t", "mountPath": "/c/d"}]},
+     "credentials[1].mountPath"),
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c/"}, {"name": "b", "secret": "t", "mountPath": "//c"}]},
+     "credentials[1].mountPath"),
+])
+def test_refusals_name_the_key_path(doc, field):
+    assert field in fields(refused(doc))
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('{"manager": "a.io/x", "manager": "b.io/y"}', "duplicate key"),
+    ('{"publish": {"image": "%s", "image": "%s"}}' % (IMAGE, IMAGE), "duplicate key"),
+    ('{"credentials": [{"name": "a", "name": "b", "secret": "s", "mountPath": "/a"}]}', "duplicate key"),
+    ('{} {}', "trailing data"),
+    ('{}x', "trailing data"),
+    ('{"manager": NaN}', "NaN"),
+    ('{"manager": Infinity}', "Infinity"),
+    ('{"manager": -Infinity}', "Infinity"),
+    ('{"manager": 1e999}', "NaN and Infinity"),
+    ('[]', "must be a JSON object"),
+    ('"publish"', "must be a JSON object"),
+    ('null', "must be a JSON object"),
+    ('', "Expecting value"),
+    ('{"manager": "a.io/x",}', "line 1"),
+    ('[' * 100000 + ']' * 100000, "nested too deeply"),
+])
+def test_strict_decoding(text, fragment):
+    d = refused(text)
+    assert fragment in str(d)
+
+
+def test_duplicate_key_path_is_named_at_depth():
+    d = refused('{"credentials": [{"name": "a", "secret": "s", "secret": "t", "mountPath": "/a"}]}')
+    assert fields(d) == ["credentials[0].secret"]
+
+
+def test_every_reason_is_listed():
+    d = refused({"manager": "bad", "publish": {"image": "x:1", "initContainer": "y"}, "extra": 1})
+    assert {"manager", "publish.image", "publish.initContainer", "extra"} <= set(fields(d))
+    assert str(d).count("; ") >= 3
+
+
+def test_invalid_utf8_is_refused():
+    with pytest.raises(Denied):
+        s.parse(b'{"manager": "\xff"}')
+
+
+def test_schema_is_draft_2020_12_and_closed_at_every_level():
+    schema = s.schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"].endswith("2020-12/schema")
+
+    def objects(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object":
+                yield node
+            for v in node.values():
+                yield from objects(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from objects(v)
+
+    found = list(objects(schema))
+    assert len(found) == 3
+    assert all(o["additionalProperties"] is False for o in found)
+
+
+def test_schema_accepts_examples_and_refuses_a_tag():
+    v = jsonschema.Draft202012Validator(s.schema())
+    assert v.is_valid(json.loads((EXAMPLES / "settings" / "route1.json").read_text()))
+    assert not v.is_valid({"publish": {"image": f"publish:v1@sha256:{HEX}"}})
+
+
+def test_load_unreadable_file(tmp_path):
+    with pytest.raises(Denied) as e:
+        s.load(str(tmp_path / "missing.json"))
+    assert "cannot read" in str(e.value)
