@@ -155,6 +155,12 @@ def cmd_certs(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import os
+    import tempfile
+
+    # Before prometheus_client is first imported: workers write their metrics to files a scrape sums.
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatch-admission-metrics-")
     from . import server
 
     return server.run(args)

@@ -59,6 +59,9 @@ class RuntimeIndex:
     def __len__(self) -> int:
         return len(self._items)
 
+    def count(self, kind: str) -> int:
+        return sum(1 for k in self._items if k[0] == kind)
+
     def put(self, obj: dict) -> None:
         with self._lock:
             self._items[key_of(obj)] = obj

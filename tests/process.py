@@ -1,0 +1,73 @@
+"""Start and stop real processes for tests: the webhook server, and anything else with a port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def wait_https(url: str, cafile: str, proc: subprocess.Popen, log: Path, timeout: float = 30,
+               want=(200,)) -> None:
+    ctx = ssl.create_default_context(cafile=cafile)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
+                if r.status in want:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout}s:\n{log.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dict | None = None,
+                   ready_path: str = "/readyz"):
+    """`dispatch-admission serve` on a free loopback port; yields (base URL, CA file, log path, process)."""
+    from webhook import certs
+
+    cert_dir = cert_dir or tmp / "certs"
+    if not (cert_dir / "tls.crt").exists():
+        certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
+    port = free_port()
+    log = tmp / f"webhook-{port}.log"
+    cmd = [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}", "--cert-dir", str(cert_dir), *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+    try:
+        base = f"https://127.0.0.1:{port}"
+        wait_https(base + ready_path, str(cert_dir / "ca.crt"), proc, log)
+        yield base, str(cert_dir / "ca.crt"), log, proc
+    finally:
+        stop(proc)

@@ -1,0 +1,221 @@
+"""The real server process (gunicorn, TLS) on a loopback port, through a verifying HTTPS client."""
+
+import base64
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from webhook import certs
+from tests.helpers import EXAMPLES, ROOT, review, trainjob
+from tests.process import webhook_server
+
+SETTINGS = str(EXAMPLES / "settings" / "route1.json")
+RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("server")
+    with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--max-body", str(1024 * 1024)) as s:
+        yield s
+
+
+def post(server, path, body, content_type="application/json", **kw):
+    base, ca, _, _ = server
+    data = json.dumps(body) if isinstance(body, (dict, list)) else body
+    return requests.post(base + path, data=data, headers={"Content-Type": content_type}, verify=ca, timeout=10, **kw)
+
+
+def cli_review(doc, validate=False):
+    args = [sys.executable, "-m", "webhook", "review", "--settings", SETTINGS, *RUNTIME_ARGS]
+    if validate:
+        args.append("--validate")
+    out = subprocess.run(args, input=json.dumps(doc), capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout)
+
+
+def without_time(review_doc):
+    """The answer with the entry's admission time blanked, so two clocks compare equal."""
+    resp = review_doc["response"]
+    if "patch" in resp:
+        ops = json.loads(base64.b64decode(resp["patch"]))
+        for op in ops:
+            for entry in op.get("value", []) if isinstance(op.get("value"), list) else [op.get("value")]:
+                if isinstance(entry, dict):
+                    entry.pop("time", None)
+        resp = {**resp, "patch": ops}
+    return {**review_doc, "response": resp}
+
+
+CASES = [
+    trainjob(),
+    trainjob(runtime_name="mpi-launcher"),
+    trainjob(runtime_name="missing"),
+    trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]),
+]
+
+
+@pytest.mark.parametrize("job", CASES)
+@pytest.mark.parametrize("endpoint", ["mutate", "validate"])
+def test_answers_match_the_cli(server, job, endpoint):
+    doc = review(job)
+    got = post(server, f"/{endpoint}", doc)
+    assert got.status_code == 200 and got.headers["Content-Type"] == "application/json"
+    assert without_time(got.json()) == without_time(cli_review(doc, validate=endpoint == "validate"))
+
+
+def test_denial_status_shape(server):
+    got = post(server, "/mutate", review(trainjob(runtime_name="missing"), uid="u-404")).json()["response"]
+    assert got["uid"] == "u-404" and got["allowed"] is False
+    assert got["status"]["code"] == 404 and got["status"]["reason"] == "NotFound"
+
+
+@pytest.mark.parametrize("body,content_type,code", [
+    (b"{}", "text/plain", 415),
+    (b"{}", "", 415),
+    (b"not json", "application/json", 400),
+    (b"[" * 50000 + b"]" * 50000, "application/json", 400),
+    (b"[]", "application/json", 400),
+    (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}', "application/json", 400),
+    (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}',
+     "application/json", 400),
+    (b"\xff\xfe", "application/json", 400),
+    (b"x" * (1024 * 1024 + 1), "application/json", 413),
+])
+def test_request_hygiene(server, body, content_type, code):
+    got = post(server, "/mutate", body, content_type=content_type)
+    assert got.status_code == code
+    assert got.headers["Content-Type"] == "application/json" and got.json()["code"] == code
+
+
+def test_chunked_body_over_the_limit_is_413(server):
+    def chunks():
+        for _ in range(40):
+            yield b"x" * 65536
+
+    got = post(server, "/mutate", chunks())
+    assert got.status_code == 413
+
+
+def test_wrong_method_and_path(server):
+    base, ca, _, _ = server
+    assert requests.get(base + "/mutate", verify=ca, timeout=5).status_code == 405
+    assert requests.get(base + "/nope", verify=ca, timeout=5).status_code == 404
+
+
+def test_health_ready_metrics(server):
+    base, ca, _, _ = server
+    assert requests.get(base + "/healthz", verify=ca, timeout=5).json() == {"status": "ok"}
+    ready = requests.get(base + "/readyz", verify=ca, timeout=5).json()
+    assert ready["ready"] is True and all(ready["checks"].values())
+    post(server, "/validate", review(trainjob()))
+    text = requests.get(base + "/metrics", verify=ca, timeout=5).text
+    assert 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}' in text
+    assert "dispatch_admission_review_seconds_bucket" in text
+    assert 'dispatch_admission_bad_requests_total{code="415"}' in text
+
+
+def test_one_log_line_per_review(server):
+    _, _, log, _ = server
+    post(server, "/mutate", review(trainjob(), uid="log-me-1"))
+    time.sleep(0.3)
+    lines = [json.loads(l) for l in log.read_text().splitlines() if '"log-me-1"' in l]
+    assert len(lines) == 1
+    assert {"uid", "namespace", "name", "operation", "allowed", "sentinel", "ms"} <= set(lines[0])
+
+
+def test_plain_http_is_refused(server):
+    base, _, _, _ = server
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.post(base.replace("https", "http") + "/mutate", data="{}", timeout=5)
+
+
+def _handshake(server, maximum):
+    base, ca, _, _ = server
+    port = int(base.rsplit(":", 1)[1])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(ca)
+    ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+    ctx.maximum_version = maximum
+    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return tls.version()
+
+
+def test_tls_1_1_refused_1_2_accepted(server):
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        _handshake(server, ssl.TLSVersion.TLSv1_1)
+    assert _handshake(server, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+
+
+def test_invalid_settings_stop_the_server(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"publish": {"image": "publish:v1"}}')
+    certs.write_dev_pair(tmp_path, ["localhost"])
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", str(bad), "--cert-dir", str(tmp_path),
+                          "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert got.returncode != 0 and "ErrInvalid: publish.image" in got.stderr
+
+
+def test_missing_certificate_stops_the_server(tmp_path):
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", SETTINGS, "--cert-dir", str(tmp_path),
+                          "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert got.returncode != 0 and "certificate" in got.stderr
+
+
+def _served_serial(base, ca):
+    port = int(base.rsplit(":", 1)[1])
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            from cryptography import x509
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def test_certificate_rotation_without_failed_requests(tmp_path):
+    cert_dir = tmp_path / "certs"
+    certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, cert_dir=cert_dir) as (base, ca, _, _):
+        before = _served_serial(base, ca)
+        failures, sent = [], [0]
+        stop = threading.Event()
+        body = json.dumps(review(trainjob()))
+
+        def load():
+            s = requests.Session()  # keep-alive, and new connections as the server recycles them
+            while not stop.is_set():
+                try:
+                    r = s.post(base + "/mutate", data=body, headers={"Content-Type": "application/json"},
+                               verify=ca, timeout=10)
+                    if r.status_code != 200:
+                        failures.append(r.status_code)
+                except Exception as e:  # any failed request fails the test
+                    failures.append(repr(e))
+                sent[0] += 1
+                s.close() if sent[0] % 5 == 0 else None
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        for _ in range(3):
+            certs.renew_serving(cert_dir, ["localhost", "127.0.0.1"])
+            time.sleep(1.5)
+        deadline = time.monotonic() + 10
+        after = _served_serial(base, ca)
+        while after == before and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = _served_serial(base, ca)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        assert after != before, "the renewed certificate was not served"
+        assert failures == [] and sent[0] > 20

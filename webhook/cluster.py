@@ -1,0 +1,183 @@
+"""Runtimes from the Kubernetes API: a list-and-watch cache, so a review of a known runtime makes no call.
+
+Each gunicorn worker keeps its own cache (replicated, not shared): two workers mean two watches,
+a small and constant load on the API server, and no cross-process state to get wrong. A miss is
+confirmed with one live read before it is reported as not found (SPEC 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Iterator
+
+from . import metrics
+from .runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1alpha1"
+PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
+WATCH_SECONDS = 240
+LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+class Backoff:
+    def __init__(self, initial: float = 0.5, ceiling: float = 30.0):
+        self.initial, self.ceiling, self.current = initial, ceiling, initial
+
+    def next(self) -> float:
+        delay, self.current = self.current, min(self.current * 2, self.ceiling)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.initial
+
+
+ListFn = Callable[[str], tuple[list[dict], str]]
+WatchFn = Callable[[str, str], Iterable[dict]]
+
+
+class Reflector:
+    """List, then watch from the list's resourceVersion; relist on 410 Gone and, with backoff, on errors."""
+
+    def __init__(self, kind: str, index: RuntimeIndex, list_fn: ListFn, watch_fn: WatchFn,
+                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None):
+        self.kind, self.index, self.list_fn, self.watch_fn, self.sleep = kind, index, list_fn, watch_fn, sleep
+        self.backoff = backoff or Backoff()
+        self.synced = threading.Event()
+        self.stopped = threading.Event()
+        self.relists = 0
+
+    def run(self, rounds: int | None = None) -> None:
+        """Loop until stopped; `rounds` bounds the list-and-watch cycles (for tests)."""
+        while not self.stopped.is_set() and (rounds is None or rounds > 0):
+            rounds = None if rounds is None else rounds - 1
+            try:
+                items, version = self.list_fn(self.kind)
+                self.index.replace(self.kind, items)
+                self.relists += 1
+                self.synced.set()
+                metrics.CACHE_SYNC.labels(self.kind).set_to_current_time()
+                metrics.CACHE_SIZE.labels(self.kind).set(len(items))
+                self.backoff.reset()
+                self._watch(version)
+            except Gone:
+                log.info("%s watch expired (410 Gone): relisting", self.kind)
+            except Exception as e:  # API unreachable, bad answer: keep serving the cache, retry later
+                metrics.API_ERRORS.labels("list/watch", self.kind).inc()
+                delay = self.backoff.next()
+                log.warning("%s list/watch failed (%s): retrying in %.1fs", self.kind, e, delay)
+                self.sleep(delay)
+
+    def _watch(self, version: str) -> None:
+        while not self.stopped.is_set():
+            for event in self.watch_fn(self.kind, version):
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED"):
+                    self.index.put(obj)
+                elif kind == "DELETED":
+                    self.index.delete(obj)
+                metrics.CACHE_SIZE.labels(self.kind).set(self.index.count(self.kind))
+                if self.stopped.is_set():
+                    return
+            # A watch that ends normally (server timeout) resumes from the last version seen.
+
+
+class ClusterRuntimes:
+    """The RuntimeSource for a cluster: the watch cache, with one live read to confirm a miss."""
+
+    def __init__(self, api_client, start: bool = True):
+        from kubernetes import client
+
+        self.api = client.CustomObjectsApi(api_client)
+        self.index = RuntimeIndex()
+        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch) for k in PLURALS}
+        if start:
+            for r in self.reflectors.values():
+                threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
+
+    def ready(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors.values())
+
+    def stop(self) -> None:
+        for r in self.reflectors.values():
+            r.stopped.set()
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        if not self.reflectors[kind].synced.is_set():
+            raise RuntimeUnavailable("the runtime cache has not completed its first list yet")
+        found = self.index.get(kind, namespace, name)
+        if found is not None:
+            return found
+        return self._live_read(kind, namespace, name)
+
+    def _live_read(self, kind: str, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        metrics.API_REQUESTS.labels("get", kind).inc()
+        try:
+            if kind == CLUSTER_KIND:
+                obj = self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
+                                                         _request_timeout=LIVE_READ_TIMEOUT)
+            else:
+                obj = self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
+                                                            _request_timeout=LIVE_READ_TIMEOUT)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            metrics.API_ERRORS.labels("get", kind).inc()
+            raise RuntimeUnavailable(f"the API server answered {e.status} {e.reason}") from None
+        except Exception as e:
+            metrics.API_ERRORS.labels("get", kind).inc()
+            raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
+        self.index.put(obj)
+        return obj
+
+    def _list(self, kind: str) -> tuple[list[dict], str]:
+        metrics.API_REQUESTS.labels("list", kind).inc()
+        got = self.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], _request_timeout=(5, 30))
+        return got.get("items", []), got.get("metadata", {}).get("resourceVersion", "")
+
+    def _watch(self, kind: str, version: str) -> Iterator[dict]:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        metrics.API_REQUESTS.labels("watch", kind).inc()
+        w = watch.Watch()
+        try:
+            for event in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURALS[kind],
+                                  resource_version=version, timeout_seconds=WATCH_SECONDS,
+                                  allow_watch_bookmarks=True, _request_timeout=(5, WATCH_SECONDS + 30)):
+                yield {"type": event.get("type"), "object": event.get("raw_object") or event.get("object")}
+        except ApiException as e:
+            if e.status == 410:
+                raise Gone() from None
+            raise
+        finally:
+            w.stop()
+
+
+def api_client(kubeconfig: str | None):
+    """In-cluster config, or a kubeconfig (--kubeconfig, then KUBECONFIG, then ~/.kube/config)."""
+    import os
+
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    return config.new_client_from_config()

@@ -1,0 +1,229 @@
+"""The webhook server: a Flask application factory, and `serve`, which runs it under gunicorn over TLS.
+
+Settings are parsed once, in the gunicorn master, before any worker starts: invalid settings stop
+the server with the ErrInvalid message. Each worker builds its own app (and runtime cache) after fork.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from . import metrics
+from .admission import MUTATE, VALIDATE, Admission, BadReview
+from .errors import Denied, ErrInvalid, Reason
+from .runtimes import RuntimeFileError, RuntimeSource, load_files
+from .settings import EXAMPLE, Settings, load, parse
+
+log = logging.getLogger("dispatch_admission")
+review_log = logging.getLogger("dispatch_admission.review")
+
+DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
+DEV_BIND = "127.0.0.1:8443"
+BIND = "0.0.0.0:8443"
+
+
+def _json(body: dict, code: int) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), status=code, mimetype="application/json")
+
+
+def _error(code: int, message: str) -> Response:
+    metrics.BAD_REQUESTS.labels(str(code)).inc()
+    return _json({"error": message, "code": code}, code)
+
+
+DRAIN_LIMIT = 64 * 1024 * 1024
+
+
+def _drain() -> None:
+    """Read and drop what is left of the body (bounded), so the client reads our 413 instead of a reset."""
+    stream = request.environ.get("wsgi.input")
+    left = DRAIN_LIMIT
+    try:
+        while stream is not None and left > 0:
+            chunk = stream.read(min(65536, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except Exception:  # the client went away: nothing more to do
+        pass
+
+
+def _read_body(max_body: int) -> bytes | None:
+    """The whole body, or None when it is over `max_body` (a chunked body has no length to check first)."""
+    stream = request.environ["wsgi.input"]
+    if request.content_length is not None:
+        return stream.read(request.content_length)
+    parts, size = [], 0
+    while chunk := stream.read(65536):
+        size += len(chunk)
+        if size > max_body:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _too_large(max_body: int) -> Response:
+    _drain()
+    return _error(413, f"the body is over the limit of {max_body} bytes")
+
+
+def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
+               max_body: int = DEFAULT_MAX_BODY) -> Flask:
+    """The application factory: routes over one Admission."""
+    app = Flask("dispatch_admission")
+    admission = Admission(settings, runtimes)
+
+    def handle(endpoint: str) -> Response:
+        started = time.perf_counter()
+        mimetype = request.mimetype
+        if mimetype != "application/json":
+            return _error(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}")
+        if request.content_length is not None and request.content_length > max_body:
+            return _too_large(max_body)
+        body = _read_body(max_body)
+        if body is None:
+            return _too_large(max_body)
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            return _error(400, f"the body is not JSON: {str(e)[:200]}")
+        try:
+            response, outcome = admission.review(doc, endpoint)
+        except BadReview as e:
+            return _error(400, f"not an AdmissionReview v1: {e}")
+        elapsed = time.perf_counter() - started
+        metrics.LATENCY.labels(endpoint).observe(elapsed)
+        result = "allowed" if outcome.allowed else "denied"
+        metrics.REVIEWS.labels(endpoint, result, outcome.sentinel).inc()
+        if outcome.intercepted:
+            review_log.info(json.dumps({
+                "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
+                "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
+                "sentinel": outcome.sentinel or None, "patched": bool(outcome.ops and outcome.allowed),
+                "warnings": len(outcome.warnings), "ms": round(elapsed * 1000, 3),
+                **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
+            }))
+        return _json(response, 200)
+
+    @app.post("/mutate")
+    def mutate():
+        return handle(MUTATE)
+
+    @app.post("/validate")
+    def validate():
+        return handle(VALIDATE)
+
+    @app.get("/healthz")
+    def healthz():
+        return _json({"status": "ok"}, 200)
+
+    @app.get("/readyz")
+    def readyz():
+        checks = {"settings": True, "certificate": tls_loaded(), "runtimes": runtimes.ready()}
+        return _json({"ready": all(checks.values()), "checks": checks}, 200 if all(checks.values()) else 503)
+
+    @app.get("/metrics")
+    def metrics_endpoint():
+        body, content_type = metrics.exposition()
+        return Response(body, status=200, content_type=content_type)
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException):
+        return _error(e.code or 400, e.description or e.name)
+
+    @app.errorhandler(Exception)
+    def unexpected(e: Exception):  # a fault of ours; the worker lives on
+        log.exception("unexpected error serving %s", request.path)
+        return _json({"error": "internal error in dispatch-admission", "code": 500}, 500)
+
+    return app
+
+
+# ---- serve: gunicorn ----
+
+
+class _Options:
+    """What `serve` resolved from its flags, handed to each worker."""
+
+    def __init__(self, args):
+        self.dev = bool(args.dev)
+        self.bind = args.bind or (DEV_BIND if self.dev else BIND)
+        self.cert_dir = Path(args.cert_dir or ("certs" if self.dev else "/etc/dispatch-admission/tls"))
+        self.runtime_files = list(args.runtime or [])
+        if self.dev and not self.runtime_files and not args.kubeconfig:
+            examples = Path(__file__).resolve().parent.parent / "examples" / "runtimes"
+            self.runtime_files = sorted(str(p) for p in examples.glob("*.yaml"))
+        self.kubeconfig = args.kubeconfig
+        self.client_ca = args.client_ca
+        self.workers = args.workers or int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2"))
+        self.max_body = args.max_body or DEFAULT_MAX_BODY
+        if args.settings:
+            self.settings = load(args.settings)
+        elif self.dev:
+            self.settings = parse(json.dumps(EXAMPLE))
+        else:
+            raise Denied([_reason("--settings is required (or --dev for the example settings)")])
+
+
+def _reason(text: str) -> Reason:
+    return Reason(ErrInvalid, "settings", text)
+
+
+def _runtime_source(opts: _Options) -> RuntimeSource:
+    if opts.runtime_files:
+        return load_files(opts.runtime_files)
+    from .cluster import ClusterRuntimes, api_client
+
+    return ClusterRuntimes(api_client(opts.kubeconfig))
+
+
+def run(args) -> int:
+    from gunicorn.app.base import BaseApplication
+
+    from . import certs, gunicorn_config
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    try:
+        opts = _Options(args)
+    except Denied as e:
+        print(f"dispatch-admission serve: {e}", file=sys.stderr)
+        return 1
+    if opts.dev:
+        made = certs.write_dev_pair(opts.cert_dir, certs.service_names("dispatch-admission", "dispatch-system"))
+        if made:
+            print(f"dispatch-admission serve: wrote a local CA and certificate to {opts.cert_dir}/", file=sys.stderr)
+    certfile, keyfile = str(opts.cert_dir / "tls.crt"), str(opts.cert_dir / "tls.key")
+    try:
+        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca)
+    except (OSError, ValueError) as e:
+        print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}", file=sys.stderr)
+        return 1
+    if opts.runtime_files:  # fail now, in the master, on an unusable runtime file
+        try:
+            load_files(opts.runtime_files)
+        except RuntimeFileError as e:
+            print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
+            return 1
+
+    class Server(BaseApplication):
+        def load_config(self):
+            for key, value in gunicorn_config.settings(opts.bind, opts.workers, certfile, keyfile, tls).items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            return create_app(opts.settings, _runtime_source(opts), tls.loaded, opts.max_body)
+
+    log.info(json.dumps({"msg": "starting", "bind": opts.bind, "workers": opts.workers,
+                         "manager": opts.settings.manager, "publish": bool(opts.settings.publish),
+                         "runtimes": "files" if opts.runtime_files else "cluster"}))
+    Server().run()
+    return 0
