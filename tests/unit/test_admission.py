@@ -8,7 +8,7 @@ from webhook import patch
 from webhook.admission import BadReview
 from webhook.runtimes import RuntimeIndex, RuntimeUnavailable
 from tests.helpers import (CREDS, IMAGE, MANAGER, NOW_TEXT, ROUTE2, admission, answer, mutated, ops_of, pod_patch,
-                           review, runtime, stock_runtimes, trainjob)
+                           review, runtime, trainjob)
 
 
 def node_spec(entry, job=0):

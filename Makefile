@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh clone:
+#   make run    install, then serve locally on https://127.0.0.1:8443 (example settings, local CA in certs/)
+#   make test   install, build the end-to-end binaries (cached), run every test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install run test unit e2e toolchain bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/dispatch-admission serve --dev
+
+# Builds kube-apiserver, kubectl, etcd and helm from pinned Go modules into ~/.cache (once per version).
+toolchain: install
+	$(PY) -m tests.e2e.toolchain
+
+test: install toolchain
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
+
+e2e: install toolchain
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+bench: install
+	$(PY) bench/admission.py
+
+clean:
+	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache .hypothesis

@@ -1,0 +1,207 @@
+"""A real control plane on loopback: etcd and kube-apiserver built from Go modules, driven by kubectl.
+
+There is no kubelet and no controller manager: objects are stored and admitted, never run. Webhooks
+are reached by URL on loopback, as controller-runtime's envtest does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import serialization
+
+from webhook import certs
+from tests.process import free_port, stop
+from tests.e2e import toolchain
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+class ControlPlane:
+    def __init__(self, workdir: Path):
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.bins = toolchain.kubernetes_bins()
+        self.kubectl_bin = str(self.bins["kubectl"])
+        self.etcd_proc = None
+        self.apiserver_proc = None
+        self.etcd_log = self.dir / "etcd.log"
+        self.apiserver_log = self.dir / "kube-apiserver.log"
+        self._pki()
+        self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{self.port}"
+        self.kubeconfig = str(self.dir / "kubeconfig")
+        self._kubeconfig()
+
+    # ---- certificates and identities ----
+
+    def _pki(self) -> None:
+        pki = self.dir / "pki"
+        pki.mkdir(exist_ok=True)
+        ca_key, ca_cert = certs.make_ca("e2e kubernetes CA")
+        self.ca_file = _write(pki / "ca.crt", certs.pem_cert(ca_cert))
+        key, cert = certs.make_leaf(ca_key, ca_cert, ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                                                     "localhost", "127.0.0.1", "10.0.0.1"])
+        self.tls_cert = _write(pki / "apiserver.crt", certs.pem_cert(cert))
+        self.tls_key = _write(pki / "apiserver.key", certs.pem_key(key))
+        # The admin identity: a client certificate in system:masters.
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+
+        admin_key, admin_cert = certs.make_leaf(ca_key, ca_cert, ["admin"], client=True)
+        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                             x509.NameAttribute(NameOID.COMMON_NAME, "admin")])
+        admin_cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject)
+                      .public_key(admin_cert.public_key()).serial_number(x509.random_serial_number())
+                      .not_valid_before(admin_cert.not_valid_before_utc).not_valid_after(admin_cert.not_valid_after_utc)
+                      .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                      .sign(ca_key, certs.hashes.SHA256()))
+        self.admin_cert = _write(pki / "admin.crt", certs.pem_cert(admin_cert))
+        self.admin_key = _write(pki / "admin.key", certs.pem_key(admin_key))
+        sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.sa_key = _write(pki / "sa.key", certs.pem_key(sa))
+        self.sa_pub = _write(pki / "sa.pub", sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        self._ca = (ca_key, ca_cert)
+
+    def client_cert(self, common_name: str, organisation: str | None = None) -> tuple[str, str]:
+        """A client certificate signed by the cluster CA (for the webhook's client-auth test)."""
+        ca_key, ca_cert = self._ca
+        key, cert = certs.make_leaf(ca_key, ca_cert, [common_name], client=True)
+        base = self.dir / "pki" / common_name
+        return _write(base.with_suffix(".crt"), certs.pem_cert(cert)), _write(base.with_suffix(".key"), certs.pem_key(key))
+
+    def _kubeconfig(self) -> None:
+        def b64(path):
+            return base64.b64encode(Path(path).read_bytes()).decode()
+
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(self.ca_file)}}],
+            "users": [{"name": "admin", "user": {"client-certificate-data": b64(self.admin_cert),
+                                                 "client-key-data": b64(self.admin_key)}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin", "namespace": "default"}}],
+        }
+        Path(self.kubeconfig).write_text(yaml.safe_dump(cfg))
+
+    # ---- processes ----
+
+    def start(self) -> "ControlPlane":
+        self.start_etcd()
+        self.start_apiserver()
+        return self
+
+    def start_etcd(self) -> None:
+        data = self.dir / "etcd-data"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        cmd = [str(self.bins["etcd"]), "--name", "e2e", "--data-dir", str(data),
+               "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+               "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", f"e2e={peer}", "--unsafe-no-fsync", "--log-level", "warn"]
+        self.etcd_proc = self._spawn(cmd, self.etcd_log)
+        deadline = time.monotonic() + 30
+        import urllib.request
+
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return
+            except Exception:
+                time.sleep(0.2)
+            if self.etcd_proc.poll() is not None:
+                break
+        raise RuntimeError(f"etcd did not start:\n{self.etcd_log.read_text()[-3000:]}")
+
+    def start_apiserver(self, extra: list[str] | None = None) -> None:
+        cmd = [str(self.bins["kube-apiserver"]),
+               "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
+               "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+               "--tls-cert-file", self.tls_cert, "--tls-private-key-file", self.tls_key,
+               "--client-ca-file", self.ca_file,
+               "--service-account-key-file", self.sa_pub, "--service-account-signing-key-file", self.sa_key,
+               "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+               "--service-cluster-ip-range", "10.0.0.0/24",
+               "--authorization-mode", "Node,RBAC",
+               "--enable-priority-and-fairness=false",
+               "--endpoint-reconciler-type", "none",  # no kubelet, no Service endpoints; loopback advertise
+               "--cert-dir", str(self.dir / "apiserver-certs"),
+               "--v", "1", *(extra or [])]
+        self._apiserver_extra = extra
+        self.apiserver_proc = self._spawn(cmd, self.apiserver_log, append=True)
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.apiserver_proc.poll() is not None:
+                raise RuntimeError(f"kube-apiserver exited:\n{self.apiserver_log.read_text()[-4000:]}")
+            got = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+            if got.returncode == 0 and got.stdout.strip() == "ok":
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"kube-apiserver not ready:\n{self.apiserver_log.read_text()[-4000:]}")
+
+    def restart_apiserver(self, down_for: float = 0) -> None:
+        stop(self.apiserver_proc)
+        time.sleep(down_for)
+        self.start_apiserver(self._apiserver_extra)
+
+    def stop(self) -> None:
+        for proc in (self.apiserver_proc, self.etcd_proc):
+            if proc is not None:
+                stop(proc)
+
+    def _spawn(self, cmd: list[str], log: Path, append: bool = False) -> subprocess.Popen:
+        with open(log, "ab" if append else "wb") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    # ---- kubectl ----
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60):
+        got = subprocess.run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args], input=stdin,
+                             capture_output=True, text=True, timeout=timeout)
+        if check and got.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({got.returncode}):\n{got.stdout}\n{got.stderr}")
+        return got
+
+    def apply(self, doc: dict | str, *flags: str, check: bool = True):
+        text = doc if isinstance(doc, str) else yaml.safe_dump(doc)
+        return self.kubectl("apply", "-f", "-", *flags, stdin=text, check=check)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        got = self.kubectl(*args, check=False)
+        if got.returncode != 0:
+            if "NotFound" in got.stderr:
+                return None
+            raise AssertionError(got.stderr)
+        return json.loads(got.stdout)
+
+    def install_crds(self, paths: list[Path]) -> None:
+        # Trainer's CRDs are over the last-applied annotation's size: apply them server-side.
+        for p in paths:
+            self.kubectl("apply", "--server-side", "-f", str(p))
+        for p in paths:
+            name = yaml.safe_load(p.read_text())["metadata"]["name"]
+            self.kubectl("wait", "--for", "condition=Established", "--timeout", "60s", f"crd/{name}")
+
+
+def logs_since(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+

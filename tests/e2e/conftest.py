@@ -1,0 +1,138 @@
+"""Session fixtures: the control plane, Trainer's CRDs, the example runtimes, and our webhook registered by URL.
+
+Two webhook processes run against the cluster's watch: route 1 (the default) and route 2, chosen per
+TrainJob by the label `dispatch-e2e/route: "2"` through the webhook configurations' objectSelector.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import toolchain
+from tests.e2e.cluster import ControlPlane, logs_since
+from tests.helpers import EXAMPLES
+from tests.process import webhook_server
+
+ROUTE_LABEL = "dispatch-e2e/route"
+SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
+_LOGS: dict[str, Path] = {}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _log_offsets(request):
+    request.node.stash[_offsets_key] = {name: (p.stat().st_size if p.exists() else 0) for name, p in _LOGS.items()}
+    yield
+
+
+_offsets_key = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and item.stash.get(_offsets_key, None) is not None:
+        for name, offset in item.stash[_offsets_key].items():
+            text = logs_since(_LOGS[name], offset)
+            if text:
+                report.sections.append((f"{name} log during this test", text[-20000:]))
+    return report
+
+
+@dataclass
+class Webhook:
+    url: str
+    ca: str
+    log: Path
+    proc: object
+
+    def metrics(self) -> str:
+        import requests
+
+        return requests.get(self.url + "/metrics", verify=self.ca, timeout=5).text
+
+    def metric(self, name: str, **labels) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                got_labels = line[len(name):].split(" ")[0].strip("{}")
+                if all(f'{k}="{v}"' in got_labels for k, v in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@dataclass
+class Env:
+    cluster: ControlPlane
+    route1: Webhook
+    route2: Webhook
+
+
+def webhook_configurations(route1: Webhook, route2: Webhook) -> list[dict]:
+    """Mutating and validating configurations for both routes, reached by URL."""
+
+    def bundle(hook):
+        return base64.b64encode(Path(hook.ca).read_bytes()).decode()
+
+    rules = [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
+              "operations": ["CREATE", "UPDATE"], "scope": "*"}]
+    ns = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}
+
+    def hook(name, wh, path, route_op, extra_exprs=(), failure="Fail", reinvoke=False):
+        h = {
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "timeoutSeconds": 10,
+            "failurePolicy": failure, "matchPolicy": "Equivalent", "rules": rules, "namespaceSelector": ns,
+            "objectSelector": {"matchExpressions": [{"key": ROUTE_LABEL, "operator": route_op, "values": ["2"]},
+                                                    *extra_exprs]},
+            "clientConfig": {"url": wh.url + path, "caBundle": bundle(wh)},
+        }
+        if reinvoke:
+            h["reinvocationPolicy"] = "IfNeeded"
+        return h
+
+    skip = {"key": SKIP_MUTATION_LABEL, "operator": "DoesNotExist"}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": "dispatch-admission-e2e"},
+         "webhooks": [hook("mutate.route1.dispatch.go.phpboyscout.uk", route1, "/mutate", "NotIn", [skip], "Fail", True),
+                      hook("mutate.route2.dispatch.go.phpboyscout.uk", route2, "/mutate", "In", [skip], "Fail", True)]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": "dispatch-admission-e2e"},
+         "webhooks": [hook("validate.route1.dispatch.go.phpboyscout.uk", route1, "/validate", "NotIn"),
+                      hook("validate.route2.dispatch.go.phpboyscout.uk", route2, "/validate", "In")]},
+    ]
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    with contextlib.ExitStack() as stack:
+        cluster = ControlPlane(tmp / "control-plane")
+        stack.callback(cluster.stop)
+        _LOGS["etcd"] = cluster.etcd_log
+        _LOGS["kube-apiserver"] = cluster.apiserver_log
+        cluster.start()
+        cluster.install_crds(toolchain.trainer_crds())
+        cluster.kubectl("create", "namespace", "team-a")
+        for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
+            cluster.kubectl("apply", "-f", str(f))
+        hooks = []
+        for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
+            url, ca, log, proc = stack.enter_context(webhook_server(
+                tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
+                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+            _LOGS[f"webhook {name}"] = log
+            hooks.append(Webhook(url, ca, log, proc))
+        for doc in webhook_configurations(*hooks):
+            cluster.apply(doc)
+        yield Env(cluster, *hooks)
