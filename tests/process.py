@@ -35,12 +35,12 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 def wait_https(url: str, cafile: str, proc: subprocess.Popen, log: Path, timeout: float = 30,
                want=(200,)) -> None:
-    ctx = ssl.create_default_context(cafile=cafile)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
+            ctx = ssl.create_default_context(cafile=cafile)  # the CA may be written by the server itself
             with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
                 if r.status in want:
                     return
@@ -52,14 +52,15 @@ def wait_https(url: str, cafile: str, proc: subprocess.Popen, log: Path, timeout
 
 @contextlib.contextmanager
 def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dict | None = None,
-                   ready_path: str = "/readyz"):
+                   ready_path: str = "/readyz", port: int | None = None, make_certs: bool = True):
     """`dispatch-admission serve` on a free loopback port; yields (base URL, CA file, log path, process)."""
     from webhook import certs
 
+    tmp.mkdir(parents=True, exist_ok=True)
     cert_dir = cert_dir or tmp / "certs"
-    if not (cert_dir / "tls.crt").exists():
+    if make_certs and not (cert_dir / "tls.crt").exists():
         certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
-    port = free_port()
+    port = port or free_port()
     log = tmp / f"webhook-{port}.log"
     cmd = [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}", "--cert-dir", str(cert_dir), *args]
     with open(log, "wb") as out:

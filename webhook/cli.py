@@ -181,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")
+    s.add_argument("--tls-secret", help="self-managed certificates: keep the CA and serving pair in this Secret")
+    s.add_argument("--tls-service", default="dispatch-admission", help="the Service name the certificate is for")
+    s.add_argument("--webhook-configuration", help="write the CA into this Mutating/ValidatingWebhookConfiguration")
+    s.add_argument("--namespace", help="namespace of the Secret and Service (default: $POD_NAMESPACE)")
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")

@@ -163,6 +163,10 @@ class _Options:
             examples = Path(__file__).resolve().parent.parent / "examples" / "runtimes"
             self.runtime_files = sorted(str(p) for p in examples.glob("*.yaml"))
         self.kubeconfig = args.kubeconfig
+        self.tls_secret = getattr(args, "tls_secret", None)
+        self.tls_service = getattr(args, "tls_service", None) or "dispatch-admission"
+        self.webhook_configuration = getattr(args, "webhook_configuration", None)
+        self.namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or "default"
         self.client_ca = args.client_ca
         self.workers = args.workers or int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2"))
         self.max_body = args.max_body or DEFAULT_MAX_BODY
@@ -186,6 +190,40 @@ def _runtime_source(opts: _Options) -> RuntimeSource:
     return ClusterRuntimes(api_client(opts.kubeconfig))
 
 
+REFRESH_SECONDS = 6 * 3600
+
+
+def _self_managed_certificates(opts: _Options) -> None:
+    """Settle the pair in the Secret, serve it from cert_dir, put the CA in the webhook configurations,
+    and keep doing so (a renewal by another replica, or by this one, reaches every replica)."""
+    import threading
+
+    from . import certs
+    from .cluster import api_client
+
+    api = api_client(opts.kubeconfig)
+    names = certs.service_names(opts.tls_service, opts.namespace)
+
+    def sync() -> None:
+        files = certs.ensure_secret(api, opts.namespace, opts.tls_secret, names)
+        if certs.write_served(opts.cert_dir, files):
+            log.info(json.dumps({"msg": "serving certificate loaded", "secret": f"{opts.namespace}/{opts.tls_secret}"}))
+        if opts.webhook_configuration:
+            certs.inject_ca_bundle(api, opts.webhook_configuration, files["ca.crt"])
+
+    sync()
+
+    def loop() -> None:
+        while True:
+            time.sleep(REFRESH_SECONDS)
+            try:
+                sync()
+            except Exception as e:
+                log.warning(json.dumps({"msg": "certificate refresh failed", "error": str(e)[:300]}))
+
+    threading.Thread(target=loop, name="certificate-refresh", daemon=True).start()
+
+
 def run(args) -> int:
     from gunicorn.app.base import BaseApplication
 
@@ -201,6 +239,13 @@ def run(args) -> int:
         made = certs.write_dev_pair(opts.cert_dir, certs.service_names("dispatch-admission", "dispatch-system"))
         if made:
             print(f"dispatch-admission serve: wrote a local CA and certificate to {opts.cert_dir}/", file=sys.stderr)
+    if opts.tls_secret:
+        try:
+            _self_managed_certificates(opts)
+        except Exception as e:  # the API refused or cannot be reached: do not serve without a certificate
+            print(f"dispatch-admission serve: self-managed certificate in Secret {opts.namespace}/{opts.tls_secret}:"
+                  f" {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)
+            return 1
     certfile, keyfile = str(opts.cert_dir / "tls.crt"), str(opts.cert_dir / "tls.key")
     try:
         tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca)

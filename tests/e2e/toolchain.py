@@ -9,6 +9,7 @@ Run `python -m tests.e2e.toolchain` to build everything ahead of the tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -49,7 +50,13 @@ def module_dir(path: str, version: str) -> Path:
 
 
 def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None) -> Path:
-    """Build `packages` in a throw-away module described by `gomod`; return the bin directory."""
+    """Build `packages` in a throw-away module described by `gomod`; return the bin directory.
+
+    The cache directory is keyed by the pinned version and a hash of the whole recipe, so changing
+    any of it rebuilds (quickly: Go's build cache keeps the compiled packages).
+    """
+    recipe = json.dumps([gomod, packages, ldflags, extra_files], sort_keys=True).encode()
+    name = f"{name}-{hashlib.sha256(recipe).hexdigest()[:8]}"
     bindir = cache_root() / name / "bin"
     stamp = bindir / ".complete"
     if stamp.exists():
@@ -117,7 +124,13 @@ def etcd_bin() -> Path:
 
 def helm_bin() -> Path:
     gomod = f"module dispatch-admission/e2e-helm\n\ngo 1.26\n\nrequire helm.sh/helm/v3 {HELM}\n\ntool helm.sh/helm/v3/cmd/helm\n"
-    ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM}"
+    # Helm's default Kubernetes version (for `helm template` and `lint`) is stamped at build time, from
+    # the client-go it is built with, as its own Makefile does.
+    helm_mod = (module_dir("helm.sh/helm/v3", HELM) / "go.mod").read_text()
+    k8s_minor = re.search(r"k8s\.io/client-go v0\.(\d+)\.", helm_mod).group(1)
+    ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM}" + "".join(
+        f" -X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMinor={k8s_minor}"
+        for pkg in ("chartutil", "lint/rules"))
     return _build(f"helm-{HELM}", gomod, ["helm.sh/helm/v3/cmd/helm"], ldflags=ldflags)
 
 
