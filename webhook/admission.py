@@ -145,6 +145,9 @@ class Admission:
         self.settings = settings
         self.runtimes = runtimes
         self.clock = clock
+        # id(runtime object) -> (the object, its facts, its entry without time). A runtime the watch
+        # replaces is a new object, so entries never go stale; the object is kept to pin its id.
+        self._facts: dict[int, tuple[dict, rules.RuntimeFacts, dict | None]] = {}
 
     def review(self, doc: Any, endpoint: Endpoint) -> tuple[AdmissionReview, Outcome]:
         """Answer one AdmissionReview. Raises BadReview for a body that is not one."""
@@ -208,12 +211,11 @@ class Admission:
         check = out.operation == "CREATE" or spec != old_spec or mode == "compute"
         found = Reasons() if not check else reasons
 
+        env = rules.trainer_env_names(spec, walk) if check else []
         if check:
-            rules.shape_rules(spec, manager, reasons)
-        targets = self._runtime(spec, out.namespace, found, check)
-        computed = None
-        if settings.configured and targets:
-            computed = patch.build_entry(settings, targets, patch.rfc3339(self.clock()))
+            rules.shape_rules(spec, manager, env, reasons)
+        template = self._runtime(spec, out.namespace, env, found, check)
+        computed = patch.with_time(template, patch.admission_time(self.clock())) if template else None
 
         if mode == "keep":
             self._keep(endpoint, spec, entries, new_own, old_own, computed, out, reasons)
@@ -230,23 +232,34 @@ class Admission:
             out.ops = []
         out.warnings = [_warning(w) for w in out.warnings]
 
-    def _runtime(self, spec: dict, namespace: str, reasons: Reasons, check: bool) -> list[rules.PodSpec]:
-        """R1 to R7: read the named runtime; the target jobs when it can be used."""
+    def _runtime(self, spec: dict, namespace: str, env, reasons: Reasons, check: bool) -> dict | None:
+        """R1 to R7: read the named runtime; the entry it calls for (without time) when it can be used."""
         ref = rules.runtime_ref(spec, namespace, reasons)
         if ref is None:
-            return []
+            return None
         try:
             runtime = self.runtimes.get(ref.kind, ref.namespace, ref.name)
         except RuntimeUnavailable as e:
             reasons.add(ErrUnavailable, "spec.runtimeRef", f"{ref} cannot be read now ({e}); retry later")
-            return []
+            return None
         if runtime is None:
             rules.not_found(ref, reasons)
-            return []
-        targets = rules.target_jobs(runtime, reasons)
-        if check:
-            rules.runtime_rules(spec, ref, runtime, targets, self.settings, reasons)
-        return targets
+            return None
+        cached = self._facts.get(id(runtime))
+        if cached is None or cached[0] is not runtime:
+            facts = rules.runtime_facts(ref, runtime, self.settings)
+            template = (patch.build_entry(self.settings, list(facts.targets), "")
+                        if self.settings.configured and facts.targets else None)
+            if len(self._facts) >= 4096:
+                self._facts.clear()
+            cached = self._facts[id(runtime)] = (runtime, facts, template)
+        _, facts, template = cached
+        if not facts.targets:
+            reasons.extend(facts.reasons)  # R3 stands even where the rules are not otherwise checked
+        elif check:
+            reasons.extend(facts.reasons)
+            rules.trainjob_runtime_rules(spec, ref, facts, env, reasons)
+        return template
 
     def _compute(self, endpoint, spec, entries, new_own, computed, out: Outcome, reasons: Reasons) -> None:
         """CREATE, or UPDATE of a suspended job without the entry: the entry must be the computed one."""

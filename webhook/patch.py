@@ -26,6 +26,18 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_last_stamp: tuple[int, str] = (0, "")
+
+
+def admission_time(moment: datetime) -> str:
+    """rfc3339, formatted once per second (it is on every review's path)."""
+    global _last_stamp
+    second = int(moment.timestamp())
+    if _last_stamp[0] != second:
+        _last_stamp = (second, rfc3339(moment))
+    return _last_stamp[1]
+
+
 def build_entry(settings: Settings, targets: list[PodSpec], time: str) -> dict:
     """The entry keyed by `settings.manager`, one replicated job patch per target job."""
     publish = settings.publish
@@ -59,6 +71,11 @@ def build_entry(settings: Settings, targets: list[PodSpec], time: str) -> dict:
         "time": time,
         "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": jobs}}},
     }))
+
+
+def with_time(entry: dict, time: str) -> dict:
+    """A computed entry stamped with its admission time; the content is shared, never mutated."""
+    return {"manager": entry["manager"], "time": time, "trainingRuntimeSpec": entry["trainingRuntimeSpec"]}
 
 
 def same(a: dict, b: dict) -> bool:

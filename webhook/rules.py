@@ -124,7 +124,7 @@ def container_names(pod: PodSpec, lst: str) -> set[str]:
 # ---- shape rules (S1 to S3): the TrainJob alone ----
 
 
-def shape_rules(spec: dict, own_manager: str, reasons: Reasons) -> None:
+def shape_rules(spec: dict, own_manager: str, env: list[tuple[str, str]], reasons: Reasons) -> None:
     """S1, S2 and S3 over every runtimePatches entry but the webhook's own, and spec.trainer.env."""
     walk = Walk(reasons)
     for i, entry in walk.items(spec.get("runtimePatches"), "spec.runtimePatches"):
@@ -132,7 +132,7 @@ def shape_rules(spec: dict, own_manager: str, reasons: Reasons) -> None:
             continue
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
             _entry_pod_rules(pod, walk, reasons)
-    for path, name in trainer_env_names(spec, walk):
+    for path, name in env:
         if name.startswith(RESERVED_ENV_PREFIX):  # S3
             reasons.add(ErrInvalid, f"{path}.name",
                         f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter")
@@ -160,14 +160,17 @@ def _entry_pod_rules(pod: PodSpec, walk: Walk, reasons: Reasons) -> None:
 
 
 def trainer_env_names(spec: dict, walk: Walk) -> list[tuple[str, str]]:
+    """(path, name) of every spec.trainer.env entry; read once per review, used by S3 and R7."""
     trainer = walk.obj(spec.get("trainer"), "spec.trainer")
     if trainer is None:
         return []
     out = []
     for i, env in walk.items(trainer.get("env"), "spec.trainer.env"):
-        name = walk.string(env.get("name"), f"spec.trainer.env[{i}].name")
-        if name is not None:
+        name = env.get("name")
+        if isinstance(name, str):
             out.append((f"spec.trainer.env[{i}]", name))
+        elif name is not None:
+            walk.reasons.add(walk.sentinel, f"spec.trainer.env[{i}].name", "must be a string")
     return out
 
 
@@ -228,9 +231,18 @@ def target_jobs(runtime: dict, reasons: Reasons) -> list[PodSpec]:
     return targets
 
 
-def runtime_rules(spec: dict, ref: RuntimeRef, runtime: dict, targets: list[PodSpec], settings: Settings,
-                  reasons: Reasons) -> None:
-    """R4 to R7 (R8 depends on the mutation and is checked with it)."""
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What a runtime alone decides (R3, R4, R5, torch or not), worked out once per runtime object."""
+
+    targets: tuple[PodSpec, ...]
+    torch: bool
+    reasons: tuple
+
+
+def runtime_facts(ref: RuntimeRef, runtime: dict, settings: Settings) -> RuntimeFacts:
+    reasons = Reasons()
+    targets = target_jobs(runtime, reasons)  # R3
     walk = Walk(Reasons(), ErrUnsupported)
     publish = settings.publish
     if publish is not None and publish.via == ROUTE_INIT_CONTAINER:  # R4
@@ -253,14 +265,21 @@ def runtime_rules(spec: dict, ref: RuntimeRef, runtime: dict, targets: list[PodS
                     reasons.add(ErrUnsupported, "spec.runtimeRef",
                                 f"{ref}: replicated job {pod.job!r} container {container.get('name')!r}"
                                 f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}")
-    policy = runtime.get("spec", {}).get("mlPolicy") if isinstance(runtime.get("spec"), dict) else None
+    spec = runtime.get("spec")
+    policy = spec.get("mlPolicy") if isinstance(spec, dict) else None
     torch = isinstance(policy, dict) and policy.get("torch") is not None
+    return RuntimeFacts(tuple(targets), torch, tuple(reasons))
+
+
+def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env: list[tuple[str, str]],
+                           reasons: Reasons) -> None:
+    """R6 and R7: what the TrainJob asks of the runtime (R8 depends on the mutation and is checked with it)."""
     trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else {}
-    if trainer.get("numProcPerNode") is not None and not torch:  # R6
+    if trainer.get("numProcPerNode") is not None and not facts.torch:  # R6
         reasons.add(ErrUnsupported, "spec.trainer.numProcPerNode",
                     f"{ref} has no mlPolicy.torch, so numProcPerNode cannot be set")
-    if torch:  # R7
-        for path, name in trainer_env_names(spec, Walk(Reasons())):
+    if facts.torch:  # R7
+        for path, name in env:
             if name in TORCH_RESERVED_ENV:
                 reasons.add(ErrInvalid, f"{path}.name", f"{name!r} is set by Trainer's torch plugin ({ref} uses mlPolicy.torch)")
 
