@@ -159,6 +159,9 @@ class Admission:
                 self._decide(req, endpoint, outcome)
             except BadReview:
                 raise
+            except RecursionError:  # an object nested deeper than can be compared: the sender's fault
+                outcome.ops = []
+                outcome.reasons = [errors.Reason(ErrInvalid, "(object)", "nested too deeply")]
             except Exception:  # a fault of ours: deny (never admit unchecked), and say so
                 log.exception("internal error reviewing uid=%s", outcome.uid)
                 outcome.ops = []

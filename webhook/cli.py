@@ -180,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=None, help="gunicorn workers (default 2)")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="info logs one line per review; warning and above only problems")
     s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")
     s.add_argument("--tls-secret", help="self-managed certificates: keep the CA and serving pair in this Secret")
     s.add_argument("--tls-service", default="dispatch-admission", help="the Service name the certificate is for")

@@ -133,30 +133,43 @@ def shape_rules(spec: dict, own_manager: str, env: list[tuple[str, str]], reason
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
             _entry_pod_rules(pod, walk, reasons)
     for path, name in env:
-        if name.startswith(RESERVED_ENV_PREFIX):  # S3
+        if _is_reserved_env(name):  # S3
             reasons.add(ErrInvalid, f"{path}.name",
                         f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter")
 
 
 def _entry_pod_rules(pod: PodSpec, walk: Walk, reasons: Reasons) -> None:
     for path, vol in volumes(pod, walk):
-        if vol.get("name") == PUBLISH_VOLUME:  # S1
+        if _is_publish_volume(vol.get("name")):  # S1
             reasons.add(ErrInvalid, f"{path}.name",
-                        f"volume name {PUBLISH_VOLUME!r} is reserved for the webhook's publish volume")
+                        f"volume name {vol.get('name')!r} is (or looks like) {PUBLISH_VOLUME!r},"
+                        " reserved for the webhook's publish volume")
     for _, cpath, container in containers(pod, walk):
         for mpath, mount in mounts(container, cpath, walk):
             mount_path = walk.string(mount.get("mountPath"), f"{mpath}.mountPath")
             if mount_path is not None and paths.under_publish_dir(mount_path):  # S2
                 reasons.add(ErrInvalid, f"{mpath}.mountPath",
                             f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount")
-            if mount.get("name") == PUBLISH_VOLUME:  # S1: the reserved volume is mounted by its owner only
+            elif mount_path is not None and paths.looks_under_publish_dir(mount_path):  # S2, look-alikes
+                reasons.add(ErrInvalid, f"{mpath}.mountPath",
+                            f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)")
+            if _is_publish_volume(mount.get("name")):  # S1: the reserved volume is mounted by its owner only
                 reasons.add(ErrInvalid, f"{mpath}.name",
                             f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own entry")
         for i, env in walk.items(container.get("env"), f"{cpath}.env"):
             name = env.get("name")
-            if isinstance(name, str) and name.startswith(RESERVED_ENV_PREFIX):  # S3, for patched containers too
+            if _is_reserved_env(name):  # S3, for patched containers too
                 reasons.add(ErrInvalid, f"{cpath}.env[{i}].name",
                             f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter")
+
+
+def _is_publish_volume(name) -> bool:
+    return isinstance(name, str) and (name == PUBLISH_VOLUME or paths.skeleton(name) == PUBLISH_VOLUME)
+
+
+def _is_reserved_env(name) -> bool:
+    return isinstance(name, str) and (name.startswith(RESERVED_ENV_PREFIX)
+                                      or paths.skeleton(name).startswith(RESERVED_ENV_PREFIX))
 
 
 def trainer_env_names(spec: dict, walk: Walk) -> list[tuple[str, str]]:

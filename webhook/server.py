@@ -104,7 +104,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         metrics.LATENCY.labels(endpoint).observe(elapsed)
         result = "allowed" if outcome.allowed else "denied"
         metrics.REVIEWS.labels(endpoint, result, outcome.sentinel).inc()
-        if outcome.intercepted:
+        if outcome.intercepted and review_log.isEnabledFor(logging.INFO):
             review_log.info(json.dumps({
                 "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
                 "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
@@ -229,7 +229,8 @@ def run(args) -> int:
 
     from . import certs, gunicorn_config
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "info")).upper()), stream=sys.stderr,
+                        format="%(message)s")
     try:
         opts = _Options(args)
     except Denied as e:

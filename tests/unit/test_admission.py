@@ -306,3 +306,14 @@ def test_warnings_are_short_plain_sentences():
     adm = admission(ROUTE2, runtimes=RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})]))
     for w in answer(adm, trainjob())["warnings"]:
         assert len(w) <= 120 and not w.lower().startswith("warning")
+
+
+def test_encoded_patch_is_the_json_of_the_operations():
+    import base64
+    import json as _json
+
+    adm = admission({"publish": {"image": IMAGE}, **CREDS})
+    for job in (trainjob(), trainjob(patches=[{"manager": "a.io/x"}]), trainjob(runtime_name="mpi-launcher")):
+        for _ in range(2):  # the second time from the cached serialisation
+            resp, outcome = adm.review(review(job), "mutate")
+            assert _json.loads(base64.b64decode(resp["response"]["patch"])) == _json.loads(_json.dumps(outcome.ops))

@@ -1,0 +1,237 @@
+"""Hostile input, faults and load against the real server process (loopback only, bounded)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+from webhook import patch
+from tests.bypass import cases
+from tests.helpers import CREDS, EXAMPLES, ROUTE1, admission, mutated, review
+from tests.process import webhook_server
+from tests.strategies import trainjobs
+
+SETTINGS = str(EXAMPLES / "settings" / "route1.json")
+RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
+CORE = admission({**ROUTE1, **CREDS})
+RESULTS: dict[str, object] = {}  # figures for the README's reliability section, printed at the end
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with webhook_server(tmp_path_factory.mktemp("hostile"), "--settings", SETTINGS, *RUNTIME_ARGS,
+                        "--log-level", "warning") as s:
+        yield s
+
+
+class Client:
+    def __init__(self, server):
+        self.base, self.ca, self.log, self.proc = server
+        self.s = requests.Session()
+
+    def post(self, path, body, content_type="application/json"):
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return self.s.post(self.base + path, data=data, headers={"Content-Type": content_type},
+                           verify=self.ca, timeout=15)
+
+
+def workers(master_pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(master_pid)], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def check_answer(client, doc, r, endpoint):
+    """A well-formed AdmissionReview for this uid, or a 4xx with a JSON error; never a 5xx."""
+    assert r.status_code < 500, r.text[:500]
+    body = r.json()
+    if r.status_code != 200:
+        assert r.status_code in (400, 413, 415) and body["code"] == r.status_code and body["error"]
+        return None
+    resp = body["response"]
+    assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+    assert resp["uid"] == doc["request"]["uid"] and isinstance(resp["allowed"], bool)
+    if not resp["allowed"]:
+        assert resp["status"]["code"] in (403, 404, 422, 503) and resp["status"]["message"]
+    return resp
+
+
+# ---- the bypass catalogue, over HTTPS ----
+
+CATALOGUE = cases(lambda job: mutated(CORE, job))
+
+
+@pytest.mark.parametrize("name,operation,obj,old", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bypass_catalogue_over_https(server, name, operation, obj, old):
+    c = Client(server)
+    doc = review(obj, operation=operation, old=old)
+    v = check_answer(c, doc, c.post("/validate", doc), "validate")
+    assert v is not None and v["allowed"] is False, f"the server admitted {name}"
+    m = check_answer(c, doc, c.post("/mutate", doc), "mutate")
+    if m["allowed"] and "patch" in m:
+        result = patch.apply(obj, json.loads(base64.b64decode(m["patch"])))
+        again = check_answer(c, doc, c.post("/validate", review(result, operation=operation, old=old)), "validate")
+        assert again["allowed"], f"the mutation of {name} is not admitted by /validate"
+
+
+# ---- fuzzing the endpoints ----
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=25)
+
+envelope_parts = st.fixed_dictionaries({}, optional={
+    "apiVersion": st.sampled_from(["admission.k8s.io/v1", "admission.k8s.io/v1beta1", 1, None]),
+    "kind": st.sampled_from(["AdmissionReview", "Review", None]),
+    "request": st.one_of(json_values, st.fixed_dictionaries({"uid": st.one_of(st.text(max_size=8), st.integers())},
+                                                            optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", 7]),
+                                                                      "object": json_values,
+                                                                      "resource": json_values})),
+})
+
+
+@st.composite
+def review_docs(draw):
+    kind = draw(st.integers(0, 3))
+    if kind == 0:  # a plausible review of a generated TrainJob
+        job = draw(trainjobs())
+        op = draw(st.sampled_from(["CREATE", "UPDATE"]))
+        old = draw(trainjobs()) if op == "UPDATE" else None
+        return review(job, operation=op, old=old, uid=f"fuzz-{draw(st.integers(0, 10**9))}", dry_run=draw(st.booleans()))
+    if kind == 1:  # a broken envelope
+        return draw(envelope_parts)
+    if kind == 2:  # valid envelope, junk object
+        doc = review({}, uid="fuzz-junk")
+        doc["request"]["object"] = draw(json_values)
+        return doc
+    return draw(json_values)
+
+
+FUZZ = {"cases": 0}
+
+
+@hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None,
+           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(doc=review_docs(), endpoint=st.sampled_from(["/mutate", "/validate"]))
+def test_fuzz_endpoints(server, doc, endpoint):
+    c = Client(server)
+    FUZZ["cases"] += 1
+    r = c.post(endpoint, doc)
+    resp = check_answer(c, doc if isinstance(doc, dict) and isinstance(doc.get("request"), dict) else {"request": {"uid": None}}, r, endpoint) \
+        if r.status_code == 200 else check_answer(c, {}, r, endpoint)
+    if resp and endpoint == "/mutate" and resp["allowed"] and "patch" in resp:
+        obj = doc["request"]["object"]
+        result = patch.apply(obj, json.loads(base64.b64decode(resp["patch"])))
+        again = c.post("/validate", {**doc, "request": {**doc["request"], "object": result}})
+        assert again.json()["response"]["allowed"], again.json()["response"].get("status")
+
+
+@hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.binary(max_size=300), ctype=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8"]))
+def test_fuzz_raw_bodies(server, body, ctype):
+    r = Client(server).post("/mutate", body, content_type=ctype)
+    assert r.status_code in (200, 400, 415) and r.headers["Content-Type"] == "application/json"
+
+
+def test_no_worker_died_during_the_fuzzing(server):
+    _, _, log, proc = server
+    text = log.read_text()
+    assert "Traceback" not in text and "WORKER TIMEOUT" not in text and "Worker exiting" not in text
+    assert len(workers(proc.pid)) == 2
+    RESULTS["fuzz cases"] = FUZZ["cases"]
+
+
+# ---- a worker killed under load ----
+
+def test_worker_killed_under_load(tmp_path):
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--log-level", "warning") as server:
+        base, ca, log, proc = server
+        before = workers(proc.pid)
+        body = json.dumps(review(mutated(CORE, __import__("tests.helpers", fromlist=["trainjob"]).trainjob())))
+        stop, failures, sent = threading.Event(), [], [0]
+        threads_n = 6
+
+        def load():
+            s = requests.Session()
+            while not stop.is_set():
+                try:
+                    r = s.post(base + "/validate", data=body, headers={"Content-Type": "application/json"},
+                               verify=ca, timeout=15)
+                    if r.status_code != 200 or not r.json()["response"]["allowed"]:
+                        failures.append(r.status_code)
+                except requests.RequestException as e:
+                    failures.append(type(e).__name__)
+                    s = requests.Session()
+                sent[0] += 1
+
+        threads = [threading.Thread(target=load) for _ in range(threads_n)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        victim = sorted(before)[0]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(4)
+        stop.set()
+        for t in threads:
+            t.join(20)
+        after = workers(proc.pid)
+        assert victim not in after and len(after) == 2, "the killed worker was not replaced"
+        # Only requests in flight on the killed worker (one per connection it held) may fail.
+        assert len(failures) <= threads_n, failures
+        assert sent[0] > 100
+        RESULTS["worker kill"] = f"{sent[0]} requests, {len(failures)} failed (in flight on the killed worker)"
+
+
+# ---- soak ----
+
+def _rss_kib(pids) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{pid}/status").read()).group(1))
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def test_soak_memory_is_flat(tmp_path):
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], capture_output=True)
+        wrk = shutil.which("wrk")
+    assert wrk, "wrk is needed for the soak test (apt-get install wrk)"
+    target = int(os.environ.get("SOAK_REVIEWS", "50000"))
+    from tests.helpers import trainjob
+    script = tmp_path / "review.lua"
+    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"wrk.body = [==[{json.dumps(review(trainjob()))}]==]\n")
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--log-level", "warning") as (base, ca, log, proc):
+        done, samples = 0, []
+        warm_rss = None
+        deadline = time.monotonic() + 300
+        while done < target and time.monotonic() < deadline:
+            out = subprocess.run([wrk, "-t2", "-c8", "-d5s", "-s", str(script), base + "/mutate"],
+                                 capture_output=True, text=True, check=True).stdout
+            done += int(re.search(r"(\d+) requests in", out).group(1))
+            assert "Non-2xx" not in out and "Socket errors" not in out, out
+            rss = _rss_kib(workers(proc.pid))
+            samples.append(rss)
+            if warm_rss is None and done >= min(10000, target // 5):
+                warm_rss = rss
+        assert done >= target, f"only {done} reviews in the time allowed"
+        growth = samples[-1] - warm_rss
+        RESULTS["soak"] = f"{done} reviews; worker RSS {warm_rss // 1024} MiB after warm-up, {samples[-1] // 1024} MiB at the end"
+        assert growth < max(8 * 1024, warm_rss // 10), f"RSS grew by {growth} KiB: {samples}"
+        print("\nreliability figures:", json.dumps(RESULTS))
