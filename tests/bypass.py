@@ -31,10 +31,6 @@ def _forged_entry(**over) -> dict:
     return entry
 
 
-def _genuine(adm_entry_job: dict) -> dict:
-    return adm_entry_job
-
-
 def cases(computed_job) -> list[tuple[str, str, dict, dict | None]]:
     """`computed_job(job)` returns the job as the webhook mutates it (for update cases)."""
     out: list[tuple[str, str, dict, dict | None]] = []
@@ -92,7 +88,6 @@ def cases(computed_job) -> list[tuple[str, str, dict, dict | None]]:
     huge["spec"]["runtimePatches"][7] = mount_patch("/opt//dispatch", manager="m7.example.com/x")
     out.append(("huge object hiding one mount", "CREATE", huge, None))
     deep = trainjob(patches=[mount_patch("/opt/dispatch")])
-    node: dict = deep["metadata"].setdefault("annotations", {})
     nest: dict = {}
     cur = nest
     for _ in range(400):

@@ -34,13 +34,15 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 
 def wait_https(url: str, cafile: str, proc: subprocess.Popen, log: Path, timeout: float = 30,
-               want=(200,)) -> None:
+               want=(200,), client_cert: tuple[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
             ctx = ssl.create_default_context(cafile=cafile)  # the CA may be written by the server itself
+            if client_cert:
+                ctx.load_cert_chain(*client_cert)
             with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
                 if r.status in want:
                     return
@@ -52,7 +54,8 @@ def wait_https(url: str, cafile: str, proc: subprocess.Popen, log: Path, timeout
 
 @contextlib.contextmanager
 def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dict | None = None,
-                   ready_path: str = "/readyz", port: int | None = None, make_certs: bool = True):
+                   ready_path: str = "/readyz", port: int | None = None, make_certs: bool = True,
+                   client_cert: tuple[str, str] | None = None):
     """`dispatch-admission serve` on a free loopback port; yields (base URL, CA file, log path, process)."""
     from webhook import certs
 
@@ -68,7 +71,7 @@ def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dic
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
     try:
         base = f"https://127.0.0.1:{port}"
-        wait_https(base + ready_path, str(cert_dir / "ca.crt"), proc, log)
+        wait_https(base + ready_path, str(cert_dir / "ca.crt"), proc, log, client_cert=client_cert)
         yield base, str(cert_dir / "ca.crt"), log, proc
     finally:
         stop(proc)

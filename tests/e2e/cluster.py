@@ -41,6 +41,7 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = str(self.dir / "kubeconfig")
         self._kubeconfig()
+        self.admission_config = self._webhook_client_identity()
 
     # ---- certificates and identities ----
 
@@ -79,6 +80,22 @@ class ControlPlane:
         key, cert = certs.make_leaf(ca_key, ca_cert, [common_name], client=True)
         base = self.dir / "pki" / common_name
         return _write(base.with_suffix(".crt"), certs.pem_cert(cert)), _write(base.with_suffix(".key"), certs.pem_key(key))
+
+    def _webhook_client_identity(self) -> str:
+        """The API server presents a client certificate to every webhook (kube-apiserver's
+        --admission-control-config-file mechanism), so a webhook can require one."""
+        cert, key = self.client_cert("kube-apiserver-webhook-client")
+        self.webhook_client_cert = (cert, key)
+        kubeconfig = self.dir / "webhook-client.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [
+            {"name": "*", "user": {"client-certificate": cert, "client-key": key}}]}))
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(kubeconfig)}
+        config = self.dir / "admission-config.yaml"
+        config.write_text(yaml.safe_dump({"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+                                          "plugins": [{"name": n, "configuration": plugin} for n in
+                                                      ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+        return str(config)
 
     def _kubeconfig(self) -> None:
         def b64(path):
@@ -133,6 +150,7 @@ class ControlPlane:
                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
                "--service-cluster-ip-range", "10.0.0.0/24",
                "--authorization-mode", "Node,RBAC",
+               "--admission-control-config-file", self.admission_config,
                "--enable-priority-and-fairness=false",
                "--endpoint-reconciler-type", "none",  # no kubelet, no Service endpoints; loopback advertise
                "--cert-dir", str(self.dir / "apiserver-certs"),

@@ -1,0 +1,122 @@
+"""Faults on the end-to-end cluster: the API server down, the webhook down, client authentication."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.e2e.conftest import webhook_configurations  # noqa: F401  (fixtures live in conftest)
+from tests.helpers import EXAMPLES, MANAGER, review, trainjob
+from tests.process import webhook_server
+
+NS = "team-a"
+
+
+def direct(hook, job, endpoint="mutate", cert=None):
+    r = requests.post(hook.url + "/" + endpoint, json=review(job), verify=hook.ca, timeout=15, cert=cert)
+    assert r.status_code == 200
+    return r.json()["response"]
+
+
+def registration(name: str, url: str, ca: str, label: str, mutating_policy="Ignore", validating_policy="Fail"):
+    bundle = base64.b64encode(Path(ca).read_bytes()).decode()
+
+    def hook(kind, path, policy):
+        return {"name": f"{kind}.{name}.dispatch.go.phpboyscout.uk", "admissionReviewVersions": ["v1"],
+                "sideEffects": "None", "timeoutSeconds": 5, "failurePolicy": policy,
+                "rules": [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
+                           "operations": ["CREATE", "UPDATE"]}],
+                "objectSelector": {"matchLabels": {label: "true"}},
+                "clientConfig": {"url": url + path, "caBundle": bundle}}
+
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": name}, "webhooks": [hook("mutate", "/mutate", mutating_policy)]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": name}, "webhooks": [hook("validate", "/validate", validating_policy)]},
+    ]
+
+
+@contextlib.contextmanager
+def registered(cluster, docs):
+    for d in docs:
+        cluster.apply(d)
+    try:
+        yield
+    finally:
+        for d in docs:
+            cluster.kubectl("delete", d["kind"].lower(), d["metadata"]["name"], "--ignore-not-found")
+
+
+def labelled(job, label):
+    job["metadata"]["labels"] = {label: "true"}
+    return job
+
+
+def test_apiserver_down_known_runtimes_answered_from_cache(env):
+    c, hook = env.cluster, env.route1
+    assert direct(hook, trainjob(name="warm-up", namespace=NS))["allowed"]
+    c.apiserver_proc.kill()  # an abrupt outage, as a crashed or partitioned API server
+    c.apiserver_proc.wait(30)
+    try:
+        known = direct(hook, trainjob(name="during-outage", namespace=NS))
+        assert known["allowed"] and "patch" in known, "a known runtime must be answered from the cache"
+        unknown = direct(hook, trainjob(name="unknown-rt", namespace=NS, runtime_name="never-seen"))
+        assert unknown["allowed"] is False
+        assert unknown["status"]["code"] == 503 and unknown["status"]["message"].startswith("ErrUnavailable: ")
+    finally:
+        c.start_apiserver(c._apiserver_extra)
+    runtime = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
+    runtime["metadata"] = {"name": "after-outage"}
+    c.apply(runtime)
+    # The cache catches up: the new runtime arrives through the re-established watch.
+    deadline = time.monotonic() + 60
+    while True:
+        gets = hook.metric("dispatch_admission_api_requests_total", verb="get")
+        resp = direct(hook, trainjob(name="after", namespace=NS, runtime_name="after-outage"))
+        if resp["allowed"] and hook.metric("dispatch_admission_api_requests_total", verb="get") == gets:
+            break
+        assert time.monotonic() < deadline, "the cache did not catch up after the API server returned"
+        time.sleep(1)
+
+
+def test_webhook_stopped_nothing_is_admitted_unchecked(env, tmp_path):
+    c = env.cluster
+    label = "dispatch-e2e/down"
+    with webhook_server(tmp_path, "--settings", str(EXAMPLES / "settings" / "route1.json"),
+                        "--kubeconfig", c.kubeconfig) as (url, ca, _, proc):
+        docs = registration("dispatch-admission-down", url, ca, label)
+        with registered(c, docs):
+            c.apply(labelled(trainjob(name="while-up", namespace=NS), label))
+            proc.terminate()
+            proc.wait(30)
+            got = c.apply(labelled(trainjob(name="while-down", namespace=NS), label), check=False)
+            assert got.returncode != 0 and "failed calling webhook" in got.stderr, got.stderr
+            assert c.get("trainjob", "while-down", NS) is None
+
+
+def test_client_certificate_required_and_verified(env, tmp_path):
+    c = env.cluster
+    label = "dispatch-e2e/mtls"
+    with webhook_server(tmp_path, "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig",
+                        c.kubeconfig, "--client-ca", c.ca_file, client_cert=c.webhook_client_cert) as (url, ca, log, _):
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(url + "/healthz", verify=ca, timeout=5)
+        other_ca_cert = tmp_path / "stranger"
+        from webhook import certs
+        certs.write_dev_pair(other_ca_cert, ["stranger"])
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(url + "/healthz", verify=ca, timeout=5,
+                         cert=(str(other_ca_cert / "tls.crt"), str(other_ca_cert / "tls.key")))
+        assert requests.get(url + "/healthz", verify=ca, timeout=5, cert=c.webhook_client_cert).status_code == 200
+        with registered(c, registration("dispatch-admission-mtls", url, ca, label)):
+            c.apply(labelled(trainjob(name="mtls-job", namespace=NS), label))
+        assert '"mtls-job"' in log.read_text(), "the API server did not reach the webhook with its client certificate"
+        stored = c.get("trainjob", "mtls-job", NS)
+        assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])
