@@ -167,17 +167,23 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _key_path(parts) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(document)"
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 def _join(base: str, key) -> str:
+    """`base.key`, `base[3]`, or `base["odd key"]` for a key that would not read as one."""
     if isinstance(key, int):
-        return f"{base}[{key}]" if base else f"[{key}]"
-    return f"{base}.{key}" if base else str(key)
+        return f"{base}[{key}]"
+    if not _PLAIN_KEY.match(key):
+        return f"{base}[{json.dumps(key)[:80]}]"
+    return f"{base}.{key}" if base else key
+
+
+def _key_path(parts) -> str:
+    out = ""
+    for p in parts:
+        out = _join(out, p)
+    return out or "(document)"
 
 
 def _walk_strict(value, where: str, reasons: Reasons) -> None:
@@ -217,7 +223,7 @@ def _schema_reasons(doc, reasons: Reasons) -> None:
             allowed = err.schema.get("properties", {})
             for key in err.instance:
                 if key not in allowed:
-                    reasons.add(ErrInvalid, _join(_key_path(err.absolute_path) if err.absolute_path else "", key),
+                    reasons.add(ErrInvalid, _join(_key_path(err.absolute_path) if err.absolute_path else "", key) or "(document)",
                                 f"unknown key (known: {', '.join(allowed)})")
         elif v == "required":
             missing = err.message.split("'")[1] if "'" in err.message else "?"

@@ -134,6 +134,19 @@ def helm_bin() -> Path:
     return _build(f"helm-{HELM}", gomod, ["helm.sh/helm/v3/cmd/helm"], ldflags=ldflags)
 
 
+def trainer_bin() -> Path:
+    """Trainer's controller manager (its controllers and webhooks), run out of cluster by the e2e suite."""
+    pkg = "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
+    gomod = (f"module dispatch-admission/e2e-trainer\n\ngo 1.26\n\nrequire github.com/kubeflow/trainer/v2 {TRAINER}\n\n"
+             f"tool {pkg}\n")
+    return _build(f"trainer-{TRAINER}", gomod, [pkg], ldflags="-s -w")
+
+
+def jobset_crds() -> list[Path]:
+    crds = module_dir("sigs.k8s.io/jobset", JOBSET) / "config" / "components" / "crd" / "bases"
+    return sorted(crds.glob("*.yaml"))
+
+
 def trainer_crds() -> list[Path]:
     crds = module_dir("github.com/kubeflow/trainer/v2", TRAINER) / "manifests" / "base" / "crds"
     return sorted(crds.glob("trainer.kubeflow.org_*.yaml"))
@@ -152,8 +165,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "crds"]
-    builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "crds": trainer_crds}
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset"]
+    builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
+                "jobset": jobset_crds}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()

@@ -1,0 +1,253 @@
+"""The mount reaches the pods: Kubeflow Trainer v2.3.0's own controller and webhooks beside ours.
+
+A control plane of its own (Trainer's webhooks and controller act on every TrainJob, so they are kept
+away from the main suite), JobSet's CRD, Trainer's stock runtimes from its Go module, and Trainer's
+controller manager run out of cluster with its webhook server on loopback. No kubelet runs: the proof
+is the pod template of the JobSet Trainer creates.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook import certs
+from webhook.settings import load
+from tests.e2e import toolchain
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, webhook_configurations
+from tests.helpers import EXAMPLES, MANAGER, trainjob
+from tests.process import free_port, stop, webhook_server
+
+NS = "team-a"
+ROUTE1 = load(str(EXAMPLES / "settings" / "route1.json"))
+
+
+@dataclass
+class TrainerEnv:
+    cluster: ControlPlane
+    route1: Webhook
+    route2: Webhook
+    tmp: Path
+
+
+def _trainer_webhooks(port: int, ca_pem: bytes) -> list[dict]:
+    """Trainer's own webhook configurations from its module, pointed at its loopback webhook server."""
+    manifest = toolchain.trainer_module() / "manifests" / "base" / "webhook" / "manifests.yaml"
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    for d in docs:
+        d["metadata"]["name"] = "trainer-" + d["metadata"]["name"]
+        for w in d["webhooks"]:
+            path = w["clientConfig"]["service"]["path"]
+            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
+    return docs
+
+
+def _start_trainer(cluster: ControlPlane, tmp: Path) -> tuple[subprocess.Popen, int]:
+    binary = toolchain.trainer_bin() / "trainer-controller-manager"
+    webhook_port, health_port, status_port = free_port(), free_port(), free_port()
+    # controller-runtime reads its webhook certificate from $TMPDIR/k8s-webhook-server/serving-certs.
+    certs.write_dev_pair(tmp / "k8s-webhook-server" / "serving-certs", ["localhost", "127.0.0.1"])
+    config = tmp / "trainer-config.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}", "readinessEndpointName": "readyz",
+                   "livenessEndpointName": "healthz"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1"},
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": False},
+        "statusServer": {"port": status_port},
+    }))
+    log = tmp / "trainer-controller-manager.log"
+    _LOGS["trainer-controller-manager"] = log
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(binary), f"--config={config}", "--zap-log-level=info"], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={"KUBECONFIG": cluster.kubeconfig, "TMPDIR": str(tmp), "HOME": str(tmp),
+                                     "PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"trainer-controller-manager exited:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"trainer-controller-manager not ready:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+    return proc, webhook_port
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trainer")
+    with contextlib.ExitStack() as stack:
+        cluster = ControlPlane(tmp / "control-plane")
+        stack.callback(cluster.stop)
+        _LOGS["kube-apiserver (trainer)"] = cluster.apiserver_log
+        cluster.start()
+        cluster.install_crds(toolchain.trainer_crds() + toolchain.jobset_crds())
+        cluster.kubectl("create", "namespace", NS)
+        runtimes = toolchain.trainer_module() / "manifests" / "base" / "runtimes"
+        for f in ("torch_distributed.yaml", "deepspeed_distributed.yaml"):
+            cluster.kubectl("apply", "-f", str(runtimes / f))
+        cluster.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "torch-init.yaml"))
+        proc, port = _start_trainer(cluster, tmp)
+        stack.callback(stop, proc)
+        ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
+        for doc in _trainer_webhooks(port, ca):
+            cluster.apply(doc)
+        hooks = []
+        for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
+            url, ca_file, log, p = stack.enter_context(webhook_server(
+                tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
+                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+            _LOGS[f"webhook {name} (trainer)"] = log
+            hooks.append(Webhook(url, ca_file, log, p))
+        for doc in webhook_configurations(*hooks):
+            cluster.apply(doc)
+        yield TrainerEnv(cluster, hooks[0], hooks[1], tmp)
+
+
+def jobset_pods(cluster: ControlPlane, name: str, timeout: float = 60) -> dict[str, dict]:
+    """The pod spec of each replicated job of the JobSet Trainer creates for TrainJob `name`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        js = cluster.get("jobset", name, NS)
+        if js is not None:
+            return {rj["name"]: rj["template"]["spec"]["template"]["spec"] for rj in js["spec"]["replicatedJobs"]}
+        assert time.monotonic() < deadline, f"Trainer created no JobSet for {name}"
+        time.sleep(0.5)
+
+
+def publish_volume(pod: dict) -> dict:
+    return next(v for v in pod.get("volumes", []) if v["name"] == "dispatch-publish")
+
+
+def node(pod: dict, lst: str = "containers", name: str = "node") -> dict:
+    return next(c for c in pod.get(lst, []) if c["name"] == name)
+
+
+def assert_route1_mount(pod: dict) -> None:
+    assert publish_volume(pod)["image"] == {"reference": ROUTE1.publish.image, "pullPolicy": "IfNotPresent"}
+    mounts = node(pod)["volumeMounts"]
+    assert {"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": True} in mounts
+    assert {"name": "checkpoint-store", "mountPath": "/var/run/dispatch/creds", "readOnly": True} in mounts
+
+
+def test_raw_trainjob_passes_both_webhooks_and_the_jobset_has_the_mount(trainer):
+    c = trainer.cluster
+    got = c.apply(trainjob(name="t-torch", namespace=NS, numNodes=2))
+    assert "created" in got.stdout
+    stored = c.get("trainjob", "t-torch", NS)
+    assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])
+    pods = jobset_pods(c, "t-torch")
+    assert_route1_mount(pods["node"])
+    # That is the proof the binary would be at /opt/dispatch/publish in the trainer container.
+    assert node(pods["node"])["image"].startswith("pytorch/pytorch")
+
+
+def test_route2_init_container_reaches_the_jobset(trainer):
+    c = trainer.cluster
+    job = trainjob(name="t-route2", namespace=NS, runtime_name="torch-init")
+    job["metadata"]["labels"] = {ROUTE_LABEL: "2"}
+    c.apply(job)
+    pod = jobset_pods(c, "t-route2")["node"]
+    assert publish_volume(pod) == {"name": "dispatch-publish", "emptyDir": {}}
+    init = node(pod, "initContainers", "dispatch-publish")
+    assert {"name": "DISPATCH_PUBLISH_DEST", "value": "/opt/dispatch"} in init["env"]
+    assert {"name": "dispatch-publish", "mountPath": "/opt/dispatch"} in init["volumeMounts"]
+    assert init["image"] == "registry.example/dispatch-publish-copier:1", "the runtime's image, not ours"
+    assert {"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": True} in node(pod)["volumeMounts"]
+
+
+def test_mpi_runtime_node_and_launcher_both_mounted(trainer):
+    c = trainer.cluster
+    c.apply(trainjob(name="t-mpi", namespace=NS, runtime_name="deepspeed-distributed"))
+    pods = jobset_pods(c, "t-mpi")
+    assert {"node", "launcher"} <= set(pods)
+    for name in ("node", "launcher"):
+        assert_route1_mount(pods[name])
+
+
+@contextlib.contextmanager
+def our_webhooks_pointed_at(trainer, hooks):
+    c = trainer.cluster
+    for doc in webhook_configurations(*hooks):
+        c.apply(doc)
+    try:
+        yield
+    finally:
+        for doc in webhook_configurations(trainer.route1, trainer.route2):
+            c.apply(doc)
+
+
+def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
+    c = trainer.cluster
+    c.apply(trainjob(name="t-rollout", namespace=NS))
+    before = c.get("trainjob", "t-rollout", NS)
+    newer = trainer.tmp / "newer.json"
+    doc = yaml.safe_load((EXAMPLES / "settings" / "route1.json").read_text())
+    doc["publish"]["image"] = doc["publish"]["image"].split("@")[0] + "@sha256:" + "e" * 64
+    newer.write_text(yaml.safe_dump(doc))
+    with webhook_server(trainer.tmp / "newer", "--settings", str(newer), "--kubeconfig", c.kubeconfig,
+                        env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
+        with our_webhooks_pointed_at(trainer, [Webhook(url, ca, log, proc), trainer.route2]):
+            got = c.kubectl("label", "trainjob", "t-rollout", "-n", NS, "rolled=yes")
+            assert "keeps its old publish mount" in got.stderr
+            got = c.kubectl("patch", "trainjob", "t-rollout", "-n", NS, "--type=merge", "-p",
+                            '{"spec": {"suspend": true}}')
+            assert "keeps its old publish mount" in got.stderr
+    after = c.get("trainjob", "t-rollout", NS)
+    assert after["spec"]["runtimePatches"] == before["spec"]["runtimePatches"], "the entry was rewritten"
+
+
+def test_job_created_before_the_webhook_gets_the_entry_when_suspended(trainer):
+    c = trainer.cluster
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        c.kubectl("delete", kind, "dispatch-admission-e2e")
+    try:
+        c.apply(trainjob(name="t-before", namespace=NS, suspend=True))
+    finally:
+        for doc in webhook_configurations(trainer.route1, trainer.route2):
+            c.apply(doc)
+    assert "runtimePatches" not in c.get("trainjob", "t-before", NS)["spec"]
+    c.kubectl("patch", "trainjob", "t-before", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    stored = c.get("trainjob", "t-before", NS)
+    assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])
+    # The JobSet Trainer runs on resume carries the mount.
+    deadline = time.monotonic() + 60
+    while True:
+        pods = jobset_pods(c, "t-before")
+        try:
+            assert_route1_mount(pods["node"])
+            break
+        except (AssertionError, StopIteration):
+            assert time.monotonic() < deadline, f"the resumed JobSet has no publish mount: {pods['node']}"
+            time.sleep(1)
+
+
+def test_running_job_is_never_given_an_entry(trainer):
+    c = trainer.cluster
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        c.kubectl("delete", kind, "dispatch-admission-e2e")
+    try:
+        c.apply(trainjob(name="t-running", namespace=NS))
+    finally:
+        for doc in webhook_configurations(trainer.route1, trainer.route2):
+            c.apply(doc)
+    got = c.kubectl("label", "trainjob", "t-running", "-n", NS, "x=y")
+    assert "none is added" in got.stderr  # Trainer would refuse a runtimePatches change on a running job
+    assert "runtimePatches" not in c.get("trainjob", "t-running", NS)["spec"]
