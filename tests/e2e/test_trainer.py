@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import subprocess
 import time
 import urllib.request
@@ -199,9 +200,9 @@ def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
     c.apply(trainjob(name="t-rollout", namespace=NS))
     before = c.get("trainjob", "t-rollout", NS)
     newer = trainer.tmp / "newer.json"
-    doc = yaml.safe_load((EXAMPLES / "settings" / "route1.json").read_text())
+    doc = json.loads((EXAMPLES / "settings" / "route1.json").read_text())
     doc["publish"]["image"] = doc["publish"]["image"].split("@")[0] + "@sha256:" + "e" * 64
-    newer.write_text(yaml.safe_dump(doc))
+    newer.write_text(json.dumps(doc))
     with webhook_server(trainer.tmp / "newer", "--settings", str(newer), "--kubeconfig", c.kubeconfig,
                         env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
         with our_webhooks_pointed_at(trainer, [Webhook(url, ca, log, proc), trainer.route2]):
