@@ -11,7 +11,6 @@ import pytest
 import requests
 import yaml
 
-from tests.e2e.conftest import webhook_configurations  # noqa: F401  (fixtures live in conftest)
 from tests.helpers import EXAMPLES, MANAGER, review, trainjob
 from tests.process import webhook_server
 

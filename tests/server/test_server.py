@@ -150,6 +150,7 @@ def _handshake(server, maximum):
             return tls.version()
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
 def test_tls_1_1_refused_1_2_accepted(server):
     with pytest.raises((ssl.SSLError, ConnectionResetError)):
         _handshake(server, ssl.TLSVersion.TLSv1_1)
@@ -219,3 +220,27 @@ def test_certificate_rotation_without_failed_requests(tmp_path):
             t.join(15)
         assert after != before, "the renewed certificate was not served"
         assert failures == [] and sent[0] > 20
+
+
+def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(tmp_path):
+    """With the API server unreachable the watch never completes its first list: /readyz is 503 and a
+    review answers ErrUnavailable (503), never ErrNotFound and never an allowed admission."""
+    import yaml
+
+    from tests.process import free_port
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+                                                     "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
+    with webhook_server(tmp_path, "--settings", SETTINGS, "--kubeconfig", str(kubeconfig),
+                        ready_path="/healthz") as s:
+        base, ca, _, _ = s
+        ready = requests.get(base + "/readyz", verify=ca, timeout=5)
+        assert ready.status_code == 503 and ready.json()["checks"]["runtimes"] is False
+        got = post(s, "/mutate", review(trainjob())).json()["response"]
+        assert got["allowed"] is False and got["status"]["code"] == 503
+        assert got["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
