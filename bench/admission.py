@@ -119,7 +119,7 @@ def run_wrk(wrk: str, url: str, script: Path, connections: int, seconds: int) ->
     return parse_wrk(got.stdout)
 
 
-ROUNDS = 3
+ROUNDS = 5
 
 
 def median_of(runs: list[dict]) -> dict:
@@ -213,17 +213,22 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="short runs (about a minute in all)")
     p.add_argument("--seconds", type=int, default=None, help="wrk duration per measurement")
     p.add_argument("--skip-server", action="store_true")
+    p.add_argument("--skip-core", action="store_true")
+    p.add_argument("--levels", default="2,8,64", help="wrk connection counts")
     p.add_argument("--skip-api", action="store_true", help="skip the API-call count (it starts kube-apiserver)")
     args = p.parse_args()
     seconds = args.seconds or (3 if args.quick else 8)
     print(f"# dispatch-admission benchmark, {time.strftime('%Y-%m-%d')}, {platform.machine()},"
           f" {os.cpu_count()} cores, Python {platform.python_version()}\n")
-    print("## 1. Core cost per review (in-process, median of 7 batches)\n")
-    print("\n".join(core_table(0.2 if args.quick else 0.6)) + "\n")
+    if not args.skip_core:
+        print("## 1. Core cost per review (in-process, median of 7 batches)\n")
+        print("\n".join(core_table(0.2 if args.quick else 0.6)) + "\n")
     if not args.skip_server:
-        print(f"## 2. Server over TLS (gunicorn, 2 workers), wrk on the same machine: median of {ROUNDS}"
+        threads = os.environ.get("DISPATCH_ADMISSION_THREADS", "4")
+        workers = os.environ.get("DISPATCH_ADMISSION_WORKERS", "2")
+        print(f"## 2. Server over TLS (gunicorn, {workers} workers x {threads} threads), wrk on the same machine: median of {ROUNDS}"
               f" alternating {seconds} s runs per app and level\n")
-        print("\n".join(server_table(seconds, [2, 8, 64])) + "\n")
+        print("\n".join(server_table(seconds, [int(n) for n in args.levels.split(",")])) + "\n")
     if not args.skip_api:
         print("## 3. Kubernetes API calls per review in steady state (runtime watch cache)\n")
         print("\n".join(api_calls(200 if args.quick else 1000)) + "\n")

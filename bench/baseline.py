@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from flask import Flask, Response, request
@@ -38,7 +39,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--bind", required=True)
     p.add_argument("--cert-dir", required=True)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2")))
     args = p.parse_args()
     certfile, keyfile = str(Path(args.cert_dir) / "tls.crt"), str(Path(args.cert_dir) / "tls.key")
     tls = certs.ReloadingContext(certfile, keyfile)

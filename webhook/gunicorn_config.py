@@ -4,6 +4,8 @@ and keeps connections open, so threads with keep-alive, never a long-blocking sy
 
 from __future__ import annotations
 
+import os
+
 
 def settings(bind: str, workers: int, certfile: str, keyfile: str, tls) -> dict:
     def ssl_context(conf, default_factory):
@@ -18,7 +20,7 @@ def settings(bind: str, workers: int, certfile: str, keyfile: str, tls) -> dict:
         "bind": [bind],
         "workers": workers,            # one per core on the 2-core reference machine
         "worker_class": "gthread",     # keep-alive and concurrent requests per worker
-        "threads": 8,
+        "threads": int(os.environ.get("DISPATCH_ADMISSION_THREADS", "4")),
         "worker_connections": 1000,
         "keepalive": 75,               # longer than Go's idle-connection reuse so the API server reuses them
         "timeout": 30,                 # a worker silent this long is killed and replaced
