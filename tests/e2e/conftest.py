@@ -113,26 +113,52 @@ def webhook_configurations(route1: Webhook, route2: Webhook) -> list[dict]:
     ]
 
 
+def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, suffix: str = "") -> list[Webhook]:
+    """Route 1 and route 2 webhook processes on the cluster's watch, registered by URL."""
+    hooks = []
+    for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
+        url, ca, log, proc = stack.enter_context(webhook_server(
+            tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
+            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+        _LOGS[f"webhook {name}{suffix}"] = log
+        hooks.append(Webhook(url, ca, log, proc))
+    for doc in webhook_configurations(*hooks):
+        cluster.apply(doc)
+    return hooks
+
+
+@contextlib.contextmanager
+def webhooks_swapped(cluster: ControlPlane, installed: list[Webhook], replacement: list[Webhook] | None):
+    """Point our configurations at other webhook processes, or (None) take them away; restore after."""
+    if replacement is None:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "dispatch-admission-e2e")
+    else:
+        for doc in webhook_configurations(*replacement):
+            cluster.apply(doc)
+    try:
+        yield
+    finally:
+        for doc in webhook_configurations(*installed):
+            cluster.apply(doc)
+
+
+def start_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path], suffix: str = "") -> ControlPlane:
+    """etcd and kube-apiserver (stopped with the stack), the CRDs installed, namespace team-a made."""
+    cluster = ControlPlane(tmp / "control-plane")
+    stack.callback(cluster.stop)
+    _LOGS[f"etcd{suffix}"] = cluster.etcd_log
+    _LOGS[f"kube-apiserver{suffix}"] = cluster.apiserver_log
+    cluster.start()
+    cluster.install_crds(crds)
+    cluster.kubectl("create", "namespace", "team-a")
+    return cluster
+
+
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     with contextlib.ExitStack() as stack:
-        cluster = ControlPlane(tmp / "control-plane")
-        stack.callback(cluster.stop)
-        _LOGS["etcd"] = cluster.etcd_log
-        _LOGS["kube-apiserver"] = cluster.apiserver_log
-        cluster.start()
-        cluster.install_crds(toolchain.trainer_crds())
-        cluster.kubectl("create", "namespace", "team-a")
+        cluster = start_cluster(stack, tmp, toolchain.trainer_crds())
         for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
             cluster.kubectl("apply", "-f", str(f))
-        hooks = []
-        for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
-            url, ca, log, proc = stack.enter_context(webhook_server(
-                tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
-                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-            _LOGS[f"webhook {name}"] = log
-            hooks.append(Webhook(url, ca, log, proc))
-        for doc in webhook_configurations(*hooks):
-            cluster.apply(doc)
-        yield Env(cluster, *hooks)
+        yield Env(cluster, *start_our_webhooks(stack, cluster, tmp))

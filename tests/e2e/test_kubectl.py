@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import time
@@ -12,7 +11,7 @@ import yaml
 
 from webhook import patch, rules
 from webhook.settings import load
-from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhook_configurations
+from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, pod_patch, trainjob
 
 NS = "team-a"
@@ -170,15 +169,8 @@ def test_suspend_edit_resume(env):
     assert obj["spec"]["suspend"] is False and own_entry(obj) == first, "the entry is never rewritten"
 
 
-@contextlib.contextmanager
 def webhook_uninstalled(env):
-    c = env.cluster
-    c.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "dispatch-admission-e2e")
-    try:
-        yield
-    finally:
-        for doc in webhook_configurations(env.route1, env.route2):
-            c.apply(doc)
+    return webhooks_swapped(env.cluster, [env.route1, env.route2], None)
 
 
 def test_jobs_created_before_the_webhook(env):

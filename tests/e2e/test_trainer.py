@@ -24,7 +24,7 @@ from webhook import certs
 from webhook.settings import load
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, webhook_configurations
+from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_cluster, start_our_webhooks, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, trainjob
 from tests.process import free_port, stop, webhook_server
 
@@ -95,12 +95,7 @@ def _start_trainer(cluster: ControlPlane, tmp: Path) -> tuple[subprocess.Popen, 
 def trainer(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trainer")
     with contextlib.ExitStack() as stack:
-        cluster = ControlPlane(tmp / "control-plane")
-        stack.callback(cluster.stop)
-        _LOGS["kube-apiserver (trainer)"] = cluster.apiserver_log
-        cluster.start()
-        cluster.install_crds(toolchain.trainer_crds() + toolchain.jobset_crds())
-        cluster.kubectl("create", "namespace", NS)
+        cluster = start_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), " (trainer)")
         runtimes = toolchain.trainer_module() / "manifests" / "base" / "runtimes"
         for f in ("torch_distributed.yaml", "deepspeed_distributed.yaml"):
             cluster.kubectl("apply", "-f", str(runtimes / f))
@@ -110,15 +105,7 @@ def trainer(tmp_path_factory):
         ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
         for doc in _trainer_webhooks(port, ca):
             cluster.apply(doc)
-        hooks = []
-        for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
-            url, ca_file, log, p = stack.enter_context(webhook_server(
-                tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
-                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-            _LOGS[f"webhook {name} (trainer)"] = log
-            hooks.append(Webhook(url, ca_file, log, p))
-        for doc in webhook_configurations(*hooks):
-            cluster.apply(doc)
+        hooks = start_our_webhooks(stack, cluster, tmp, " (trainer)")
         yield TrainerEnv(cluster, hooks[0], hooks[1], tmp)
 
 
@@ -183,16 +170,8 @@ def test_mpi_runtime_node_and_launcher_both_mounted(trainer):
         assert_route1_mount(pods[name])
 
 
-@contextlib.contextmanager
-def our_webhooks_pointed_at(trainer, hooks):
-    c = trainer.cluster
-    for doc in webhook_configurations(*hooks):
-        c.apply(doc)
-    try:
-        yield
-    finally:
-        for doc in webhook_configurations(trainer.route1, trainer.route2):
-            c.apply(doc)
+def swapped(trainer, replacement):
+    return webhooks_swapped(trainer.cluster, [trainer.route1, trainer.route2], replacement)
 
 
 def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
@@ -205,7 +184,7 @@ def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
     newer.write_text(json.dumps(doc))
     with webhook_server(trainer.tmp / "newer", "--settings", str(newer), "--kubeconfig", c.kubeconfig,
                         env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
-        with our_webhooks_pointed_at(trainer, [Webhook(url, ca, log, proc), trainer.route2]):
+        with swapped(trainer, [Webhook(url, ca, log, proc), trainer.route2]):
             got = c.kubectl("label", "trainjob", "t-rollout", "-n", NS, "rolled=yes")
             assert "keeps its old publish mount" in got.stderr
             got = c.kubectl("patch", "trainjob", "t-rollout", "-n", NS, "--type=merge", "-p",
@@ -217,13 +196,8 @@ def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
 
 def test_job_created_before_the_webhook_gets_the_entry_when_suspended(trainer):
     c = trainer.cluster
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        c.kubectl("delete", kind, "dispatch-admission-e2e")
-    try:
+    with swapped(trainer, None):
         c.apply(trainjob(name="t-before", namespace=NS, suspend=True))
-    finally:
-        for doc in webhook_configurations(trainer.route1, trainer.route2):
-            c.apply(doc)
     assert "runtimePatches" not in c.get("trainjob", "t-before", NS)["spec"]
     c.kubectl("patch", "trainjob", "t-before", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     stored = c.get("trainjob", "t-before", NS)
@@ -242,13 +216,8 @@ def test_job_created_before_the_webhook_gets_the_entry_when_suspended(trainer):
 
 def test_running_job_is_never_given_an_entry(trainer):
     c = trainer.cluster
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        c.kubectl("delete", kind, "dispatch-admission-e2e")
-    try:
+    with swapped(trainer, None):
         c.apply(trainjob(name="t-running", namespace=NS))
-    finally:
-        for doc in webhook_configurations(trainer.route1, trainer.route2):
-            c.apply(doc)
     got = c.kubectl("label", "trainjob", "t-running", "-n", NS, "x=y")
     assert "none is added" in got.stderr  # Trainer would refuse a runtimePatches change on a running job
     assert "runtimePatches" not in c.get("trainjob", "t-running", NS)["spec"]

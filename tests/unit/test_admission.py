@@ -67,28 +67,27 @@ def test_validate_never_patches():
     assert resp == {"uid": "uid-1", "allowed": True}
 
 
+class FailingSource:
+    """A runtime source whose every lookup raises `error`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def get(self, *a):
+        raise self.error
+
+    def ready(self):
+        return False
+
+
 def test_internal_fault_is_denied_not_admitted():
-    class Broken:
-        def get(self, *a):
-            raise KeyError("boom")
-
-        def ready(self):
-            return True
-
-    resp = answer(admission(runtimes=Broken()), trainjob())
+    resp = answer(admission(runtimes=FailingSource(KeyError("boom"))), trainjob())
     assert resp["allowed"] is False and resp["status"]["code"] == 500
     assert resp["status"]["reason"] == "InternalError" and "patch" not in resp
 
 
 def test_unavailable_runtime_source_is_503():
-    class Down:
-        def get(self, *a):
-            raise RuntimeUnavailable("cache not yet synced")
-
-        def ready(self):
-            return False
-
-    resp = answer(admission(runtimes=Down()), trainjob())
+    resp = answer(admission(runtimes=FailingSource(RuntimeUnavailable("cache not yet synced"))), trainjob())
     assert resp["status"]["code"] == 503 and resp["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
 
 
