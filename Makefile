@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain bench clean
+.PHONY: install run test unit e2e toolchain wrk bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,16 +23,20 @@ run: install
 toolchain: install
 	$(PY) -m tests.e2e.toolchain
 
-test: install toolchain
+# The soak test and the benchmark drive the server with wrk (Debian's package).
+wrk:
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+
+test: install toolchain wrk
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-unit: install
+unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
 
 e2e: install toolchain
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-bench: install
+bench: install wrk
 	$(PY) bench/admission.py
 
 clean:
