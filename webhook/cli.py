@@ -159,7 +159,13 @@ def cmd_serve(args) -> int:
     import tempfile
 
     # Before prometheus_client is first imported: workers write their metrics to files a scrape sums.
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # The directory must exist and hold nothing from an earlier run (an emptyDir survives a restart).
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        os.makedirs(metrics_dir, exist_ok=True)
+        for stale in Path(metrics_dir).glob("*.db"):
+            stale.unlink()
+    else:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatch-admission-metrics-")
     from . import server
 

@@ -244,3 +244,22 @@ def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(tmp_path):
         got = post(s, "/mutate", review(trainjob())).json()["response"]
         assert got["allowed"] is False and got["status"]["code"] == 503
         assert got["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
+
+
+def test_metrics_directory_made_and_cleaned_at_start(tmp_path):
+    """The chart points PROMETHEUS_MULTIPROC_DIR at a path in an emptyDir: made if absent, stale files dropped."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    stale = metrics_dir / "counter_99999.db"
+    stale.write_bytes(b"stale")
+    with webhook_server(tmp_path / "a", "--settings", SETTINGS, *RUNTIME_ARGS,
+                        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}) as s:
+        assert not stale.exists()
+        post(s, "/mutate", review(trainjob()))
+        base, ca, _, _ = s
+        assert "dispatch_admission_reviews_total" in requests.get(base + "/metrics", verify=ca, timeout=5).text
+    fresh = tmp_path / "not" / "yet" / "there"
+    with webhook_server(tmp_path / "b", "--settings", SETTINGS, *RUNTIME_ARGS,
+                        env={"PROMETHEUS_MULTIPROC_DIR": str(fresh)}) as s:
+        post(s, "/mutate", review(trainjob()))
+        assert fresh.is_dir() and any(fresh.glob("*.db"))

@@ -88,3 +88,30 @@ def test_settings_check_and_schema():
 def test_python_dash_m_works():
     got = subprocess.run([sys.executable, "-m", "webhook", "settings", "check", ROUTE2], capture_output=True, text=True)
     assert got.returncode == 0
+
+
+def test_certs_command(tmp_path):
+    import stat
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    got = cli("certs", "--service", "dispatch-admission", "--namespace", "dispatch-system", "--out", str(tmp_path))
+    assert got.returncode == 0, got.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+    for key in ("ca.key", "tls.key"):
+        assert stat.S_IMODE((tmp_path / key).stat().st_mode) == 0o600
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    ca.public_key().verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(leaf.signature_hash_algorithm))
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = set(san.get_values_for_type(x509.DNSName)) | {str(i) for i in san.get_values_for_type(x509.IPAddress)}
+    assert {"dispatch-admission.dispatch-system.svc", "dispatch-admission.dispatch-system.svc.cluster.local",
+            "localhost", "127.0.0.1"} <= names
+
+
+def test_review_with_unusable_settings_exits_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"manager": null}')
+    got = cli("review", "--settings", str(bad), *runtime_args(), stdin=json.dumps(review(trainjob())))
+    assert got.returncode == 2 and "ErrInvalid: manager" in got.stderr and not got.stdout
