@@ -102,7 +102,20 @@ def _value_json(value) -> str:
 
 def same(a: dict, b: dict) -> bool:
     """Entries compared as JSON values, `time` left out (SPEC 5, S4)."""
-    return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
+    a = {k: v for k, v in a.items() if k != "time"}
+    b = {k: v for k, v in b.items() if k != "time"}
+    return a == b and _json_equal(a, b)
+
+
+def _json_equal(a, b) -> bool:
+    """Python's == says True == 1 == 1.0; as JSON values they differ (`readOnly: 1` is not `true`)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_json_equal(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return all(_json_equal(x, y) for x, y in zip(a, b))
+    return True  # equal scalars of one type (== already held)
 
 
 def _pointer(*parts) -> str:

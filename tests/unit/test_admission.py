@@ -316,3 +316,13 @@ def test_encoded_patch_is_the_json_of_the_operations():
         for _ in range(2):  # the second time from the cached serialisation
             resp, outcome = adm.review(review(job), "mutate")
             assert _json.loads(base64.b64decode(resp["response"]["patch"])) == _json.loads(_json.dumps(outcome.ops))
+
+
+@pytest.mark.parametrize("value", [1, 1.0, "true"])
+def test_entries_compare_as_json_values(value):
+    """readOnly: 1 equals True in Python, not in JSON: a forged entry must not pass for the computed one."""
+    adm = admission()
+    job = mutated(adm, trainjob())
+    node_spec(job["spec"]["runtimePatches"][0])["containers"][0]["volumeMounts"][0]["readOnly"] = value
+    resp = answer(adm, job, "validate")
+    assert resp["allowed"] is False and "differs" in resp["status"]["message"]
