@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -198,7 +199,11 @@ def usable(files: dict[str, bytes], names: list[str], now: dt.datetime | None = 
         return False
     covered = {str(n) for n in san.get_values_for_type(x509.DNSName)} | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
     same_key = key.public_key().public_numbers() == cert.public_key().public_numbers()
-    return (same_key and set(names) <= covered and cert.issuer == ca.subject
+    try:
+        cert.verify_directly_issued_by(ca)  # the name alone is not enough: every CA we make has the same one
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return (same_key and set(names) <= covered
             and cert.not_valid_after_utc - now > RENEW_BEFORE and ca.not_valid_after_utc - now > RENEW_BEFORE)
 
 
