@@ -248,15 +248,19 @@ def test_removed_whole_list_put_back():
     assert restored == old
 
 
+def assert_update_allowed_unpatched_with_warning(adm, new, old, warning):
+    for ep in ("mutate", "validate"):
+        resp = answer(adm, new, ep, operation="UPDATE", old=old)
+        assert resp["allowed"] and "patch" not in resp
+        assert any(warning in w for w in resp["warnings"])
+
+
 def test_settings_rollout_keeps_the_old_entry_with_a_warning():
     old = created(admission())
     new = copy.deepcopy(old)
     new["spec"]["suspend"] = True
     later = admission({"publish": {"image": "publish@sha256:" + "c" * 64}})
-    for ep in ("mutate", "validate"):
-        resp = answer(later, new, ep, operation="UPDATE", old=old)
-        assert resp["allowed"] and "patch" not in resp
-        assert any("keeps its old publish mount" in w for w in resp["warnings"])
+    assert_update_allowed_unpatched_with_warning(later, new, old, "keeps its old publish mount")
 
 
 def test_entry_added_when_suspended_old_job_lacks_it():
@@ -276,10 +280,7 @@ def test_running_job_without_entry_never_gets_one():
     old = trainjob(suspend=False)
     new = copy.deepcopy(old)
     new["spec"]["trainer"] = {"numNodes": 3}
-    for ep in ("mutate", "validate"):
-        resp = answer(adm, new, ep, operation="UPDATE", old=old)
-        assert resp["allowed"] and "patch" not in resp
-        assert any("none is added" in w for w in resp["warnings"])
+    assert_update_allowed_unpatched_with_warning(adm, new, old, "none is added")
 
 
 def test_update_that_adds_a_mount_is_checked():
