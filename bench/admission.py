@@ -76,7 +76,7 @@ def core_table(budget: float) -> list[str]:
     rows += ["", "| runtimes in the cache | mutate µs (small) |", "|---:|---:|"]
     base = stock_runtimes()
     for n in (1, 100, 10_000):
-        index = RuntimeIndex(list(base._items.values()) +
+        index = RuntimeIndex(list(base) +
                              [runtime(name=f"rt-{i}", kind="TrainingRuntime", namespace=f"ns-{i % 50}") for i in range(n)])
         adm = admission(ROUTE1 | CREDS, runtimes=index)
         rows.append(f"| {n:,} | {per_review_us(adm, review(trainjob()), 'mutate', budget):.0f} |")

@@ -52,7 +52,6 @@ class Reflector:
         self.backoff = backoff or Backoff()
         self.synced = threading.Event()
         self.stopped = threading.Event()
-        self.relists = 0
 
     def run(self, rounds: int | None = None) -> None:
         """Loop until stopped; `rounds` bounds the list-and-watch cycles (for tests)."""
@@ -61,7 +60,6 @@ class Reflector:
             try:
                 items, version = self.list_fn(self.kind)
                 self.index.replace(self.kind, items)
-                self.relists += 1
                 self.synced.set()
                 metrics.CACHE_SYNC.labels(self.kind).set_to_current_time()
                 metrics.CACHE_SIZE.labels(self.kind).set(len(items))

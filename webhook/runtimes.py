@@ -59,6 +59,9 @@ class RuntimeIndex:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __iter__(self):
+        return iter(list(self._items.values()))
+
     def count(self, kind: str) -> int:
         return sum(1 for k in self._items if k[0] == kind)
 

@@ -188,10 +188,10 @@ class _Options:
             examples = Path(__file__).resolve().parent.parent / "examples" / "runtimes"
             self.runtime_files = sorted(str(p) for p in examples.glob("*.yaml"))
         self.kubeconfig = args.kubeconfig
-        self.tls_secret = getattr(args, "tls_secret", None)
-        self.tls_service = getattr(args, "tls_service", None) or "dispatch-admission"
-        self.webhook_configuration = getattr(args, "webhook_configuration", None)
-        self.namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or "default"
+        self.tls_secret = args.tls_secret
+        self.tls_service = args.tls_service
+        self.webhook_configuration = args.webhook_configuration
+        self.namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
         self.client_ca = args.client_ca
         self.workers = args.workers or int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2"))
         self.max_body = args.max_body or DEFAULT_MAX_BODY
@@ -254,7 +254,7 @@ def run(args) -> int:
 
     from . import certs, gunicorn_config
 
-    logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "info")).upper()), stream=sys.stderr,
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(message)s")
     try:
         opts = _Options(args)

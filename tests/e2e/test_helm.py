@@ -12,6 +12,8 @@ import time
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from webhook import images, settings as settings_mod
 from tests.e2e import toolchain
@@ -196,9 +198,8 @@ def _installed(c, helm, tmp_path, port):
             version_b, files_b = _secret(c, "rel-dispatch-admission-tls")
             assert version_b == version_a, "the second replica rewrote the Secret"
             assert _served(port_b, files["ca.crt"]) == served_a, "the replicas serve different certificates"
-        from cryptography import x509
-        assert x509.load_der_x509_certificate(served_a).public_bytes(
-            __import__("cryptography").hazmat.primitives.serialization.Encoding.PEM) == files["tls.crt"]
+        served_pem = x509.load_der_x509_certificate(served_a).public_bytes(serialization.Encoding.PEM)
+        assert served_pem == files["tls.crt"]
         bundle = base64.b64encode(files["ca.crt"]).decode()
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             cfg = c.get(kind, "rel-dispatch-admission")
