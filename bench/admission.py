@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from webhook import certs  # noqa: E402
-from webhook.runtimes import RuntimeIndex  # noqa: E402
+from webhook import certs
+from webhook.core.runtimes import RuntimeIndex  # noqa: E402
 from tests.helpers import (CREDS, EXAMPLES, ROUTE1, ROUTE2, admission, mount_patch, pod_patch, review,  # noqa: E402
                            runtime, stock_runtimes, trainjob)
 from tests.process import free_port, stop, wait_https  # noqa: E402
@@ -60,7 +60,7 @@ def per_review_us(adm, doc, endpoint, budget=0.4) -> float:
 
 
 def core_table(budget: float) -> list[str]:
-    from webhook import patch
+    from webhook.core import patch
 
     rows = ["| TrainJob | mutate µs | validate µs |", "|---|---:|---:|"]
     for name, (settings, job) in cases().items():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from webhook import patch as patch_mod
-from webhook.admission import Admission
-from webhook.runtimes import RuntimeIndex
-from webhook.settings import parse
+from webhook.core import patch as patch_mod
+from webhook.core.admission import Admission
+from webhook.core.runtimes import RuntimeIndex
+from webhook.core.settings import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

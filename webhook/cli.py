@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from . import patch, settings as settings_mod
-from .admission import MUTATE, VALIDATE, Admission, BadReview
-from .errors import Denied
-from .runtimes import RuntimeFileError, load_files
+from .core import patch, settings as settings_mod
+from .core.admission import MUTATE, VALIDATE, Admission, BadReview
+from .core.errors import Denied
+from .files import RuntimeFileError, load_runtimes, load_settings
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -37,11 +37,11 @@ def _now(text: str | None):
 
 def _admission(args) -> Admission:
     try:
-        s = settings_mod.load(args.settings)
+        s = load_settings(args.settings)
     except Denied as e:
         raise Unusable(f"settings {args.settings}: {e}") from None
     try:
-        runtimes = load_files(args.runtime or [])
+        runtimes = load_runtimes(args.runtime or [])
     except RuntimeFileError as e:
         raise Unusable(f"runtime {e}") from None
     return Admission(s, runtimes, clock=_now(getattr(args, "now", None)))
@@ -131,7 +131,7 @@ def cmd_check(args) -> int:
 
 def cmd_settings_check(args) -> int:
     try:
-        settings_mod.load(args.file)
+        load_settings(args.file)
     except Denied as e:
         print(str(e), file=sys.stderr)
         return EXIT_DENIED

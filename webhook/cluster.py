@@ -13,7 +13,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable
+from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,11 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import metrics
-from .admission import MUTATE, VALIDATE, Admission, BadReview
-from .errors import Denied, ErrInvalid, Reason
-from .runtimes import RuntimeFileError, RuntimeSource, load_files
-from .settings import EXAMPLE, Settings, load, parse
+from .core.admission import MUTATE, VALIDATE, Admission, BadReview
+from .core.errors import Denied, ErrInvalid, Reason
+from .core.runtimes import RuntimeSource
+from .files import RuntimeFileError, load_runtimes, load_settings
+from .core.settings import EXAMPLE, Settings, parse
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
@@ -196,7 +197,7 @@ class _Options:
         self.workers = args.workers or int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2"))
         self.max_body = args.max_body or DEFAULT_MAX_BODY
         if args.settings:
-            self.settings = load(args.settings)
+            self.settings = load_settings(args.settings)
         elif self.dev:
             self.settings = parse(json.dumps(EXAMPLE))
         else:
@@ -209,7 +210,7 @@ def _reason(text: str) -> Reason:
 
 def _runtime_source(opts: _Options) -> RuntimeSource:
     if opts.runtime_files:
-        return load_files(opts.runtime_files)
+        return load_runtimes(opts.runtime_files)
     from .cluster import ClusterRuntimes, api_client
 
     return ClusterRuntimes(api_client(opts.kubeconfig))
@@ -280,7 +281,7 @@ def run(args) -> int:
         return 1
     if opts.runtime_files:  # fail now, in the master, on an unusable runtime file
         try:
-            load_files(opts.runtime_files)
+            load_runtimes(opts.runtime_files)
         except RuntimeFileError as e:
             print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
             return 1

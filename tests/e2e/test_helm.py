@@ -15,7 +15,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook import images, settings as settings_mod
+from webhook.core import images, settings as settings_mod
 from tests.e2e import toolchain
 from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
 from tests.process import free_port, webhook_server

@@ -9,8 +9,8 @@ import time
 import pytest
 import yaml
 
-from webhook import patch, rules
-from webhook.settings import load
+from webhook.core import patch, rules
+from webhook.files import load_settings as load
 from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, pod_patch, trainjob
 
@@ -30,7 +30,7 @@ def expected_entry(settings_file: str, runtime_file: str, runtime_name: str, tim
     settings = load(str(EXAMPLES / "settings" / settings_file))
     docs = [d for d in yaml.safe_load_all((EXAMPLES / "runtimes" / runtime_file).read_text()) if d]
     runtime = next(d for d in docs if d["metadata"]["name"] == runtime_name)
-    from webhook.errors import Reasons
+    from webhook.core.errors import Reasons
 
     return patch.build_entry(settings, rules.target_jobs(runtime, Reasons()), time_text)
 

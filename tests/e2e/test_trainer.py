@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from webhook import certs
-from webhook.settings import load
+from webhook.files import load_settings as load
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_cluster, start_our_webhooks, webhooks_swapped

@@ -78,6 +78,13 @@ def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_
     return bindir
 
 
+# One build of every command shares the compile cache: the control plane, the node and the client.
+KUBE_COMMANDS = [
+    f"k8s.io/kubernetes/cmd/{cmd}"
+    for cmd in ("kube-apiserver", "kubectl", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+]
+
+
 def kube_bin() -> Path:
     """kube-apiserver and kubectl from k8s.io/kubernetes, staging modules pinned to the same release."""
     mod = module_dir("k8s.io/kubernetes", KUBERNETES)
@@ -89,7 +96,7 @@ def kube_bin() -> Path:
     major, minor = KUBERNETES[1:].split(".")[:2]
     gomod = "module dispatch-admission/e2e-kube\n\ngo 1.26\n\n"
     gomod += f"require k8s.io/kubernetes {KUBERNETES}\n\n"
-    gomod += "tool (\n\tk8s.io/kubernetes/cmd/kube-apiserver\n\tk8s.io/kubernetes/cmd/kubectl\n)\n\n"
+    gomod += "tool (\n" + "".join(f"\t{pkg}\n" for pkg in KUBE_COMMANDS) + ")\n\n"
     gomod += "replace (\n" + "".join(f"\t{m} => {m} {staged_version}\n" for m in staging) + ")\n"
     version_vars = [
         f"gitVersion={KUBERNETES}",
@@ -106,7 +113,7 @@ def kube_bin() -> Path:
     return _build(
         f"kubernetes-{KUBERNETES}",
         gomod,
-        ["k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubectl"],
+        KUBE_COMMANDS,
         ldflags="-s -w " + ldflags,
     )
 

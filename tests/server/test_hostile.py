@@ -17,7 +17,7 @@ import requests
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
-from webhook import patch
+from webhook.core import patch
 from tests.bypass import cases
 from tests.helpers import CREDS, EXAMPLES, ROUTE1, admission, mutated, review, trainjob
 from tests.process import webhook_server

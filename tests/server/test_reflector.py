@@ -1,7 +1,7 @@
 """The watch cache's list/watch/relist logic, driven by recorded event streams (no API server)."""
 
 from webhook.cluster import Backoff, Gone, Reflector
-from webhook.runtimes import RuntimeIndex
+from webhook.core.runtimes import RuntimeIndex
 
 KIND = "ClusterTrainingRuntime"
 

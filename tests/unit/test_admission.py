@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
-from webhook import patch
-from webhook.admission import BadReview
-from webhook.runtimes import RuntimeIndex, RuntimeUnavailable
+from webhook.core import patch
+from webhook.core.admission import BadReview
+from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
 from tests.helpers import (CREDS, IMAGE, MANAGER, NOW_TEXT, ROUTE2, admission, answer, mutated, ops_of, pod_patch,
                            review, runtime, trainjob)
 

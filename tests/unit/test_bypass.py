@@ -2,10 +2,10 @@
 
 import pytest
 
-from webhook import paths
+from webhook.core import paths
 from tests.bypass import cases
 from tests.helpers import CREDS, MANAGER, ROUTE1, admission, answer, mutated, ops_of
-from webhook import patch
+from webhook.core import patch
 
 ADM = admission({**ROUTE1, **CREDS})
 CASES = cases(lambda job: mutated(ADM, job))

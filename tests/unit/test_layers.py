@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-CORE = ["settings", "paths", "images", "errors", "rules", "patch", "runtimes", "admission", "cli"]
+CORE = ["core." + m for m in ("settings", "paths", "images", "errors", "rules", "patch", "runtimes", "admission")] + ["cli"]
 
 
 def test_core_imports_no_adapter_libraries():

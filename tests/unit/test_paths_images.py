@@ -1,6 +1,6 @@
 import pytest
 
-from webhook import images, paths
+from webhook.core import images, paths
 
 HEX = "a" * 64
 

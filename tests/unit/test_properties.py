@@ -5,7 +5,7 @@ import copy
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
-from webhook import patch, paths
+from webhook.core import patch, paths
 from tests.helpers import CREDS, ROUTE1, ROUTE2, admission, answer, ops_of
 from tests.strategies import trainjobs
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from webhook.runtimes import RuntimeIndex
+from webhook.core.runtimes import RuntimeIndex
 from tests.helpers import (CREDS, IMAGE, MANAGER, ROUTE1, ROUTE2, admission, answer, fields, mount_patch,
                            pod_patch, runtime, sentinels, trainjob)
 

@@ -3,8 +3,9 @@ import json
 import jsonschema
 import pytest
 
-from webhook import settings as s
-from webhook.errors import Denied, ErrInvalid
+from webhook.core import settings as s
+from webhook.files import load_settings
+from webhook.core.errors import Denied, ErrInvalid
 from tests.helpers import IMAGE, EXAMPLES
 
 HEX = "b" * 64
@@ -164,5 +165,5 @@ def test_schema_accepts_examples_and_refuses_a_tag():
 
 def test_load_unreadable_file(tmp_path):
     with pytest.raises(Denied) as e:
-        s.load(str(tmp_path / "missing.json"))
+        load_settings(str(tmp_path / "missing.json"))
     assert "cannot read" in str(e.value)

@@ -5,8 +5,8 @@ import json
 from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
-from webhook import settings as s
-from webhook.errors import Denied, ErrInvalid
+from webhook.core import settings as s
+from webhook.core.errors import Denied, ErrInvalid
 from tests.helpers import IMAGE
 
 json_values = st.recursive(

@@ -289,18 +289,18 @@ def decode(text: str | bytes) -> object:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise Denied([_doc_reason(f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
+            raise Denied([doc_reason(f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
     try:
         doc = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
         what = "trailing data after the document" if e.msg == "Extra data" else e.msg
-        raise Denied([_doc_reason(f"{what} at line {e.lineno} column {e.colno}")]) from None
+        raise Denied([doc_reason(f"{what} at line {e.lineno} column {e.colno}")]) from None
     except (ValueError, RecursionError) as e:
-        raise Denied([_doc_reason(str(e) if isinstance(e, ValueError) else "nested too deeply")]) from None
+        raise Denied([doc_reason(str(e) if isinstance(e, ValueError) else "nested too deeply")]) from None
     return doc
 
 
-def _doc_reason(text: str) -> Reason:
+def doc_reason(text: str) -> Reason:
     return Reason(ErrInvalid, "(document)", text)
 
 
@@ -329,16 +329,6 @@ def _build(doc: dict) -> Settings:
         )
     creds = tuple(Credential(c["name"], c["secret"], c["mountPath"]) for c in doc.get("credentials", ()))
     return Settings(manager=doc.get("manager", DEFAULT_MANAGER), publish=publish, credentials=creds)
-
-
-def load(path: str) -> Settings:
-    """Read and parse a settings file; an unreadable file is ErrInvalid too."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        raise Denied([_doc_reason(f"cannot read settings file {path}: {e.strerror}")]) from None
-    return parse(text)
 
 
 def example_json() -> str:
