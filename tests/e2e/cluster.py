@@ -27,8 +27,17 @@ def _write(path: Path, data: bytes) -> str:
 
 
 class ControlPlane:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, address: str = "127.0.0.1", service_cidr: str = "10.0.0.0/24",
+                 extra_args: list[str] | None = None):
+        # address: where kube-apiserver listens and what it advertises (the node suite uses an address on
+        # its pod bridge, which pods can reach); service_cidr: the Service ClusterIP range.
+        import ipaddress
+
         self.dir = workdir
+        self.address = address
+        self.service_cidr = service_cidr
+        self.service_ip = str(next(ipaddress.ip_network(service_cidr).hosts()))
+        self.extra_args = list(extra_args or [])
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = toolchain.kubernetes_bins()
         self.kubectl_bin = str(self.bins["kubectl"])
@@ -38,7 +47,7 @@ class ControlPlane:
         self.apiserver_log = self.dir / "kube-apiserver.log"
         self._pki()
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
-        self.server = f"https://127.0.0.1:{self.port}"
+        self.server = f"https://{self.address}:{self.port}"
         self.kubeconfig = str(self.dir / "kubeconfig")
         self._kubeconfig()
         self.admission_config = self._webhook_client_identity()
@@ -51,7 +60,8 @@ class ControlPlane:
         ca_key, ca_cert = certs.make_ca("e2e kubernetes CA")
         self.ca_file = _write(pki / "ca.crt", certs.pem_cert(ca_cert))
         key, cert = certs.make_leaf(ca_key, ca_cert, ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                                                     "localhost", "127.0.0.1", "10.0.0.1"])
+                                                     "localhost", "127.0.0.1", self.service_ip,
+                                                     *([self.address] if self.address != "127.0.0.1" else [])])
         self.tls_cert = _write(pki / "apiserver.crt", certs.pem_cert(cert))
         self.tls_key = _write(pki / "apiserver.key", certs.pem_key(key))
         # The admin identity: a client certificate in system:masters.
@@ -143,18 +153,19 @@ class ControlPlane:
     def start_apiserver(self, extra: list[str] | None = None) -> None:
         cmd = [str(self.bins["kube-apiserver"]),
                "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
-               "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
+               "--bind-address", self.address, "--advertise-address", self.address, "--secure-port", str(self.port),
                "--tls-cert-file", self.tls_cert, "--tls-private-key-file", self.tls_key,
                "--client-ca-file", self.ca_file,
                "--service-account-key-file", self.sa_pub, "--service-account-signing-key-file", self.sa_key,
                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-               "--service-cluster-ip-range", "10.0.0.0/24",
+               "--service-cluster-ip-range", self.service_cidr,
                "--authorization-mode", "Node,RBAC",
                "--admission-control-config-file", self.admission_config,
                "--enable-priority-and-fairness=false",
-               "--endpoint-reconciler-type", "none",  # no kubelet, no Service endpoints; loopback advertise
+               # Loopback cannot be a Service endpoint: no reconciler then (and no pod could reach it anyway).
+               "--endpoint-reconciler-type", "none" if self.address.startswith("127.") else "lease",
                "--cert-dir", str(self.dir / "apiserver-certs"),
-               "--v", "1", *(extra or [])]
+               "--v", "1", *self.extra_args, *(extra or [])]
         self._apiserver_extra = extra
         self.apiserver_proc = self._spawn(cmd, self.apiserver_log, append=True)
         self.wait_ready()

@@ -49,13 +49,15 @@ def module_dir(path: str, version: str) -> Path:
     return Path(info["Dir"])
 
 
-def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None) -> Path:
+def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None,
+           tags: str = "", env: dict | None = None) -> Path:
     """Build `packages` in a throw-away module described by `gomod`; return the bin directory.
 
     The cache directory is keyed by the pinned version and a hash of the whole recipe, so changing
     any of it rebuilds (quickly: Go's build cache keeps the compiled packages).
     """
-    recipe = json.dumps([gomod, packages, ldflags, extra_files], sort_keys=True).encode()
+    recipe = [gomod, packages, ldflags, extra_files] + ([tags, env] if tags or env else [])
+    recipe = json.dumps(recipe, sort_keys=True).encode()
     name = f"{name}-{hashlib.sha256(recipe).hexdigest()[:8]}"
     bindir = cache_root() / name / "bin"
     stamp = bindir / ".complete"
@@ -73,7 +75,9 @@ def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_
     args = ["build", "-trimpath", "-o", str(bindir) + "/"]
     if ldflags:
         args += ["-ldflags", ldflags]
-    _go(args + packages, work)
+    if tags:
+        args += ["-tags", tags]
+    _go(args + packages, work, env)
     stamp.write_text(f"built in {time.monotonic() - started:.0f}s\n")
     return bindir
 
@@ -149,6 +153,110 @@ def trainer_bin() -> Path:
     return _build(f"trainer-{TRAINER}", gomod, [pkg], ldflags="-s -w")
 
 
+# ---- the node (issue 11): container runtime, CNI, registry tooling, JobSet's controller ----
+
+CONTAINERD = "v2.4.2"
+RUNC = "v1.4.4"
+CNI_PLUGINS = "v1.10.0"
+CRANE = "v0.22.1"
+CRICTL = "v1.37.0"
+NODE_APT = ("libseccomp-dev", "busybox-static", "iptables")
+
+
+def node_apt() -> list[str]:
+    """Debian packages the node needs: libseccomp (runc's seccomp, built with cgo), busybox-static (the
+    training image's shell), iptables (the kubelet's and kube-proxy's rules). Installed once if missing."""
+    missing = [p for p in NODE_APT
+               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
+               .stdout.strip() != "install ok installed"]
+    if missing:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True,
+                       capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return list(NODE_APT)
+
+
+def containerd_bin() -> Path:
+    """containerd, ctr and containerd-shim-runc-v2 (CGO off, no btrfs/zfs/devmapper/aufs snapshotters)."""
+    pkgs = [f"github.com/containerd/containerd/v2/cmd/{cmd}" for cmd in ("containerd", "ctr", "containerd-shim-runc-v2")]
+    gomod = (f"module dispatch-admission/e2e-containerd\n\ngo 1.26\n\n"
+             f"require github.com/containerd/containerd/v2 {CONTAINERD}\n\n"
+             "tool (\n" + "".join(f"\t{pkg}\n" for pkg in pkgs) + ")\n")
+    ldflags = ("-s -w -X github.com/containerd/containerd/v2/version.Version=" + CONTAINERD +
+               " -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2")
+    return _build(f"containerd-{CONTAINERD}", gomod, pkgs, ldflags=ldflags,
+                  tags="no_btrfs no_zfs no_devmapper no_aufs urfave_cli_no_docs")
+
+
+def runc_bin() -> Path:
+    """runc from its module, with cgo and libseccomp (Debian's libseccomp-dev), as its Makefile builds it."""
+    node_apt()
+    gomod = (f"module dispatch-admission/e2e-runc\n\ngo 1.26\n\nrequire github.com/opencontainers/runc {RUNC}\n\n"
+             "tool github.com/opencontainers/runc\n")
+    return _build(f"runc-{RUNC}", gomod, ["github.com/opencontainers/runc"], ldflags="-s -w",
+                  tags="seccomp urfave_cli_no_docs", env={"CGO_ENABLED": "1"})
+
+
+def cni_bin() -> Path:
+    """The CNI plugins the node's pod network uses: bridge, host-local and loopback."""
+    base = "github.com/containernetworking/plugins/plugins"
+    pkgs = [f"{base}/main/bridge", f"{base}/ipam/host-local", f"{base}/main/loopback"]
+    gomod = (f"module dispatch-admission/e2e-cni\n\ngo 1.26\n\n"
+             f"require github.com/containernetworking/plugins {CNI_PLUGINS}\n\n"
+             "tool (\n" + "".join(f"\t{pkg}\n" for pkg in pkgs) + ")\n")
+    return _build(f"cni-{CNI_PLUGINS}", gomod, pkgs, ldflags="-s -w")
+
+
+def crane_bin() -> Path:
+    """crane: a registry on loopback (`crane registry serve`) and image assembly from layer tarballs."""
+    pkg = "github.com/google/go-containerregistry/cmd/crane"
+    gomod = (f"module dispatch-admission/e2e-crane\n\ngo 1.26\n\n"
+             f"require github.com/google/go-containerregistry {CRANE}\n\ntool {pkg}\n")
+    return _build(f"crane-{CRANE}", gomod, [pkg], ldflags="-s -w")
+
+
+def crictl_bin() -> Path:
+    """crictl, to stop and remove pod sandboxes when the node is torn down."""
+    pkg = "sigs.k8s.io/cri-tools/cmd/crictl"
+    gomod = (f"module dispatch-admission/e2e-crictl\n\ngo 1.26\n\nrequire sigs.k8s.io/cri-tools {CRICTL}\n\n"
+             f"tool {pkg}\n")
+    return _build(f"crictl-{CRICTL}", gomod, [pkg], ldflags=f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRICTL}")
+
+
+def jobset_bin() -> Path:
+    """JobSet's controller manager (its controllers and webhooks), run out of cluster like Trainer's."""
+    gomod = (f"module dispatch-admission/e2e-jobset\n\ngo 1.26\n\nrequire sigs.k8s.io/jobset {JOBSET}\n\n"
+             "tool sigs.k8s.io/jobset\n")
+    bindir = _build(f"jobset-{JOBSET}", gomod, ["sigs.k8s.io/jobset"], ldflags="-s -w")
+    if (bindir / "jobset").exists() and not (bindir / "jobset-controller-manager").exists():
+        (bindir / "jobset").rename(bindir / "jobset-controller-manager")
+    return bindir
+
+
+def stub_bin(name: str) -> Path:
+    """A static stand-in the node's images carry, from tests/stubs/NAME/main.go: `publish` (go/dispatch's
+    binary cannot be fetched: it prints its own path and arguments and exits 0) or `pause` (the pod
+    sandbox: sleeps until SIGTERM)."""
+    main = (Path(__file__).resolve().parent.parent / "stubs" / name / "main.go").read_text()
+    gomod = f"module dispatch-admission/e2e-stub-{name}\n\ngo 1.26\n"
+    bindir = _build(f"stub-{name}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main})
+    built = bindir / f"e2e-stub-{name}"
+    if built.exists():
+        built.rename(bindir / name)
+    return bindir / name
+
+
+def node_bins() -> dict[str, Path]:
+    """Every binary the one-node cluster runs, by name."""
+    kube, ctrd = kube_bin(), containerd_bin()
+    bins = {n: kube / n for n in ("kubelet", "kube-scheduler", "kube-controller-manager", "kube-proxy")}
+    bins.update({n: ctrd / n for n in ("containerd", "ctr", "containerd-shim-runc-v2")})
+    bins.update({"runc": runc_bin() / "runc", "crane": crane_bin() / "crane", "crictl": crictl_bin() / "crictl",
+                 "jobset-controller-manager": jobset_bin() / "jobset-controller-manager",
+                 "publish": stub_bin("publish"), "pause": stub_bin("pause"), "cni": cni_bin()})
+    return bins
+
+
 def jobset_crds() -> list[Path]:
     crds = module_dir("sigs.k8s.io/jobset", JOBSET) / "config" / "components" / "crd" / "bases"
     return sorted(crds.glob("*.yaml"))
@@ -172,9 +280,10 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset"]
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "node"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
-                "jobset": jobset_crds}
+                "jobset": jobset_crds,
+                "node": node_bins}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()
