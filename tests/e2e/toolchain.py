@@ -24,6 +24,7 @@ ETCD = "v3.6.16"
 HELM = "v3.22.0"
 TRAINER = "v2.3.0"
 JOBSET = "v0.12.0"
+BUILDKIT = "v0.34.2"
 
 
 def cache_root() -> Path:
@@ -153,6 +154,15 @@ def trainer_bin() -> Path:
     return _build(f"trainer-{TRAINER}", gomod, [pkg], ldflags="-s -w")
 
 
+def buildkit_bin() -> Path:
+    """buildkitd and buildctl from github.com/moby/buildkit (CGO off): the image builder behind `docker build`."""
+    pkgs = [f"github.com/moby/buildkit/cmd/{cmd}" for cmd in ("buildkitd", "buildctl")]
+    gomod = (f"module dispatch-admission/e2e-buildkit\n\ngo 1.26\n\nrequire github.com/moby/buildkit {BUILDKIT}\n\n"
+             "tool (\n" + "".join(f"\t{pkg}\n" for pkg in pkgs) + ")\n")
+    ldflags = f"-s -w -X github.com/moby/buildkit/version.Version={BUILDKIT}"
+    return _build(f"buildkit-{BUILDKIT}", gomod, pkgs, ldflags=ldflags)
+
+
 # ---- the node (issue 11): container runtime, CNI, registry tooling, JobSet's controller ----
 
 CONTAINERD = "v2.4.2"
@@ -280,9 +290,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "node"]
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
-                "jobset": jobset_crds,
+                "jobset": jobset_crds, "buildkit": buildkit_bin,
                 "node": node_bins}
     for name in wanted:
         started = time.monotonic()
