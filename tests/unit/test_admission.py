@@ -316,7 +316,18 @@ def test_encoded_patch_is_the_json_of_the_operations():
     for job in (trainjob(), trainjob(patches=[{"manager": "a.io/x"}]), trainjob(runtime_name="mpi-launcher")):
         for _ in range(2):  # the second time from the cached serialisation
             resp, outcome = adm.review(review(job), "mutate")
-            assert _json.loads(base64.b64decode(resp["response"]["patch"])) == _json.loads(_json.dumps(outcome.ops))
+            assert _json.loads(base64.b64decode(resp["response"]["patch"])) == [op.as_dict() for op in outcome.ops]
+
+
+def test_nothing_handed_out_changes_later_answers():
+    """An answer's operations and entry are copies: changing them leaves the per-runtime cache intact."""
+    adm = admission()
+    first = ops_of(answer(adm, trainjob()))
+    _, outcome = adm.review(review(trainjob()), "mutate")
+    handed = outcome.ops[0].as_dict()
+    handed["value"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"].clear()
+    first[0]["value"][0]["manager"] = "evil.io/x"
+    assert ops_of(answer(adm, trainjob())) == ops_of(answer(admission(), trainjob()))
 
 
 @pytest.mark.parametrize("value", [1, 1.0, "true"])

@@ -139,10 +139,19 @@ def test_r1_unknown_group_or_kind(ref, field):
     assert field in fields({"status": st})
 
 
-def test_r1_defaults_are_trainer_cluster_runtime():
+def test_r1_defaults_apply_where_the_fields_are_absent():
     job = trainjob()
-    job["spec"]["runtimeRef"] = {"name": "torch-distributed", "apiGroup": "", "kind": ""}
+    job["spec"]["runtimeRef"] = {"name": "torch-distributed"}
     assert answer(admission(), job)["allowed"]
+
+
+@pytest.mark.parametrize("key", ["apiGroup", "kind"])
+def test_r1_an_explicit_empty_string_is_not_absent(key):
+    """SPEC 5 R1: a default applies only where the field is absent, as the CRD's defaulting does."""
+    job = trainjob()
+    job["spec"]["runtimeRef"] = {"name": "torch-distributed", key: ""}
+    st = denied(answer(admission(), job), 403, "ErrUnsupported")
+    assert fields({"status": st}) == [f"spec.runtimeRef.{key}"]
 
 
 # ---- R2 ----

@@ -2,6 +2,7 @@
 
 A denial names every reason at once. The HTTP code and status reason come from the first sentinel,
 in table order, among the reasons; each cause keeps its own sentinel at the start of its message.
+A denial is bounded (50 causes, a 16 KiB message), so a huge object cannot make a huge answer.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from enum import Enum
 
 
 class Sentinel(Enum):
-    # value: (HTTP code, status reason, cause type); declaration order is precedence order.
+    # value: (HTTP code, status reason, Kubernetes CauseType); declaration order is precedence order.
     ErrInvalid = (422, "Invalid", "FieldValueInvalid")
     ErrUnsupported = (403, "Forbidden", "FieldValueNotSupported")
     ErrNotFound = (404, "NotFound", "FieldValueNotFound")
-    ErrUnavailable = (503, "ServiceUnavailable", "ServiceUnavailable")
+    ErrUnavailable = (503, "ServiceUnavailable", "UnexpectedServerResponse")
     ErrInternal = (500, "InternalError", "InternalError")
 
     @property
@@ -39,33 +40,59 @@ ErrInternal = Sentinel.ErrInternal
 
 _PRECEDENCE = {s: i for i, s in enumerate(Sentinel)}
 
+# The `rule` of a reason that is no SPEC 5 rule (SPEC 8.1's metric label).
+RULE_UPDATE = "update"
+RULE_UNAVAILABLE = "unavailable"
+RULE_INTERNAL = "internal"
+RULE_SETTINGS = "settings"
+
+MAX_CAUSES = 50
+MAX_MESSAGE = 16 * 1024
+
 
 @dataclass(frozen=True)
 class Reason:
-    """One broken rule: which sentinel, which field, what is wrong."""
+    """One broken rule: which sentinel, which field, what is wrong, and which rule said so."""
 
     sentinel: Sentinel
     field: str
     text: str
+    rule: str = ""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.text}"
 
 
-def primary(reasons: list[Reason]) -> Sentinel:
+def primary(reasons) -> Sentinel:
     return min((r.sentinel for r in reasons), key=_PRECEDENCE.__getitem__)
 
 
-def message(reasons: list[Reason]) -> str:
-    """`SENTINEL: FIELD: TEXT; FIELD: TEXT`; a reason of another sentinel names its own."""
+def _bounded(reasons: list[Reason]) -> tuple[list[Reason], int]:
+    """At most MAX_CAUSES reasons to list, the last of them saying how many were left out."""
+    if len(reasons) <= MAX_CAUSES:
+        return reasons, 0
+    kept = reasons[: MAX_CAUSES - 1]
+    left = len(reasons) - len(kept)
     first = primary(reasons)
-    parts = [str(r) if r.sentinel is first else f"{r.field}: {r.sentinel.name}: {r.text}" for r in reasons]
-    return f"{first.name}: " + "; ".join(parts)
+    return kept + [Reason(first, "(more)", f"{left} more reasons left out")], left
+
+
+def message(reasons: list[Reason]) -> str:
+    """`SENTINEL: FIELD: TEXT; FIELD: TEXT`; a reason of another sentinel names its own. At most 16 KiB."""
+    first = primary(reasons)
+    shown, _ = _bounded(reasons)
+    parts = [str(r) if r.sentinel is first else f"{r.field}: {r.sentinel.name}: {r.text}" for r in shown]
+    text = f"{first.name}: " + "; ".join(parts)
+    if len(text.encode()) > MAX_MESSAGE:
+        cut = text.encode()[: MAX_MESSAGE - 64].decode(errors="ignore")
+        text = cut + f" ... ({len(text.encode()) - len(cut.encode())} more bytes left out)"
+    return text
 
 
 def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org", kind: str = "TrainJob") -> dict:
-    """A metav1.Status for a denial, with one cause per reason."""
+    """A metav1.Status for a denial, with one cause per reason (bounded); the code comes from all reasons."""
     first = primary(reasons)
+    shown, _ = _bounded(reasons)
     return {
         "metadata": {},
         "status": "Failure",
@@ -77,8 +104,8 @@ def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org"
             "group": group,
             "kind": kind,
             "causes": [
-                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.name}: {r.text}", "field": r.field}
-                for r in reasons
+                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.name}: {r.text}"[:2048], "field": r.field[:1024]}
+                for r in shown
             ],
         },
     }
@@ -98,10 +125,27 @@ class Denied(Exception):
 
 
 class Reasons(list):
-    """Collects every reason a check finds, so a denial names all of them, not only the first."""
+    """Collects every reason a check finds, so a denial names all of them, not only the first.
 
-    def add(self, sentinel: Sentinel, field: str, text: str) -> None:
-        self.append(Reason(sentinel, field, text))
+    Each reason is kept once: the same reason found twice (by two walks of one field) is not repeated.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._seen = set(self)
+
+    def add(self, sentinel: Sentinel, field: str, text: str, rule: str = "") -> None:
+        self.append(Reason(sentinel, field, text, rule))
+
+    def append(self, reason: Reason) -> None:
+        key = (reason.sentinel, reason.field, reason.text)
+        if key not in self._seen:
+            self._seen.add(key)
+            super().append(reason)
+
+    def extend(self, reasons) -> None:
+        for r in reasons:
+            self.append(r)
 
     def raise_if_any(self) -> None:
         if self:

@@ -7,7 +7,10 @@ import re
 # The distribution reference grammar: an optional registry host (a port is not a tag), then
 # lower-case path components; a tag would be a `:` after the last path component.
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
+# A host is a domain name, an IPv4 address (which the domain-name rule also matches) or an IPv6 address in
+# brackets, as distribution's reference grammar says (`[fd00::1]:5000/publish`).
+_IPV6 = r"\[(?:[a-fA-F0-9:]+)\]"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|{_IPV6})(?::[0-9]+)?"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
 DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"

@@ -1,20 +1,24 @@
 """The mutation (SPEC 6.1): the webhook's runtimePatches entry, and the JSONPatch that puts it in place.
 
-The patch is a handful of targeted operations computed from the object as sent (indices into the
-list the API server holds), not a diff of two whole copies: the same result, at a fraction of the cost.
+The entry's content depends only on the settings and the runtime's target jobs, so it is built and
+encoded once per runtime object (`Entry`), immutable, and only `time` is stamped per review. The patch
+is a handful of targeted operations computed from the object as sent (indices into the list the API
+server holds), each holding its value as JSON text: nothing handed out can be changed by its receiver.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable, Iterable
 
 import jsonpatch
 from jsonpointer import JsonPointer
 
 from . import paths
-from .rules import NODE_CONTAINER, PodSpec
+from .rules import NODE_CONTAINER
 from .settings import PUBLISH_VOLUME, ROUTE_IMAGE_VOLUME, Settings
 
 PUBLISH_DEST_ENV = "DISPATCH_PUBLISH_DEST"
@@ -26,20 +30,24 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_last_stamp: tuple[int, str] = (0, "")
+class Clock:
+    """The admission time as text, formatted at most once a second (it is on every review's path)."""
+
+    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+        self.now = now
+        self._last: tuple[int, str] = (-1, "")
+
+    def stamp(self) -> str:
+        moment = self.now()
+        second = int(moment.timestamp())
+        last = self._last  # one read: another thread may replace it, never half of it
+        if last[0] != second:
+            last = self._last = (second, rfc3339(moment))
+        return last[1]
 
 
-def admission_time(moment: datetime) -> str:
-    """rfc3339, formatted once per second (it is on every review's path)."""
-    global _last_stamp
-    second = int(moment.timestamp())
-    if _last_stamp[0] != second:
-        _last_stamp = (second, rfc3339(moment))
-    return _last_stamp[1]
-
-
-def build_entry(settings: Settings, targets: list[PodSpec], time: str) -> dict:
-    """The entry keyed by `settings.manager`, one replicated job patch per target job."""
+def _content(settings: Settings, targets: Iterable[str]) -> dict:
+    """`trainingRuntimeSpec` of the entry: one replicated job patch per target job."""
     publish = settings.publish
     vols: list[dict] = []
     node_mounts: list[dict] = []
@@ -59,45 +67,41 @@ def build_entry(settings: Settings, targets: list[PodSpec], time: str) -> dict:
         vols.append({"name": cred.name, "secret": {"secretName": cred.secret}})
         node_mounts.append({"name": cred.name, "mountPath": cred.mount_path, "readOnly": True})
     jobs = []
-    for pod in targets:
+    for job in targets:
         spec: dict = {"volumes": vols}
         if init:
             spec["initContainers"] = init
         spec["containers"] = [{"name": NODE_CONTAINER, "volumeMounts": node_mounts}]
-        jobs.append({"name": pod.job, "template": {"spec": {"template": {"spec": spec}}}})
-    # Deep-copied so no two entries (or jobs) share structure a caller might later mutate.
-    return json.loads(json.dumps({
-        "manager": settings.manager,
-        "time": time,
-        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": jobs}}},
-    }))
+        jobs.append({"name": job, "template": {"spec": {"template": {"spec": spec}}}})
+    # Through JSON, so no two jobs share structure.
+    return json.loads(json.dumps({"template": {"spec": {"replicatedJobs": jobs}}}))
 
 
-class StampedEntry(dict):
-    """A computed entry with its admission time. Its trainingRuntimeSpec is the per-runtime template,
-    shared by every review and never mutated, so its JSON is encoded once (see `encode`)."""
+@dataclass(frozen=True)
+class Entry:
+    """The entry the settings produce for one runtime, without its time. Immutable: its content is held
+    as JSON text, and the parsed form it compares against is private and never handed out."""
 
+    manager: str
+    content_json: str
+    _content: dict = field(repr=False, compare=False)
 
-_SPEC_JSON: dict[int, tuple[object, str]] = {}
+    @classmethod
+    def build(cls, settings: Settings, targets: Iterable[str]) -> "Entry":
+        content = _content(settings, targets)
+        return cls(settings.manager, json.dumps(content), content)
 
+    def json(self, time: str) -> str:
+        return (f'{{"manager": {json.dumps(self.manager)}, "time": {json.dumps(time)},'
+                f' "trainingRuntimeSpec": {self.content_json}}}')
 
-def with_time(entry: dict, time: str) -> StampedEntry:
-    return StampedEntry(manager=entry["manager"], time=time, trainingRuntimeSpec=entry["trainingRuntimeSpec"])
+    def as_dict(self, time: str) -> dict:
+        """A fresh copy of the stamped entry."""
+        return json.loads(self.json(time))
 
-
-def _value_json(value) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(_value_json(v) for v in value) + "]"
-    if isinstance(value, StampedEntry):
-        spec = value["trainingRuntimeSpec"]
-        memo = _SPEC_JSON.get(id(spec))
-        if memo is None or memo[0] is not spec:
-            if len(_SPEC_JSON) >= 4096:
-                _SPEC_JSON.clear()
-            memo = _SPEC_JSON[id(spec)] = (spec, json.dumps(spec))  # the object is kept to pin its id
-        return (f'{{"manager": {json.dumps(value["manager"])}, "time": {json.dumps(value["time"])},'
-                f' "trainingRuntimeSpec": {memo[1]}}}')
-    return json.dumps(value)
+    def matches(self, entry: dict) -> bool:
+        """Whether `entry` is this one, as JSON values, `time` left out (SPEC 5)."""
+        return same(entry, {"manager": self.manager, "trainingRuntimeSpec": self._content})
 
 
 def same(a: dict, b: dict) -> bool:
@@ -118,45 +122,56 @@ def _json_equal(a, b) -> bool:
     return True  # equal scalars of one type (== already held)
 
 
+@dataclass(frozen=True)
+class Op:
+    """One RFC 6902 operation; its value is JSON text."""
+
+    op: str
+    path: str
+    value_json: str | None = None
+
+    def json(self) -> str:
+        value = "" if self.value_json is None else f', "value": {self.value_json}'
+        return f'{{"op": "{self.op}", "path": {json.dumps(self.path)}{value}}}'
+
+    def as_dict(self) -> dict:
+        return json.loads(self.json())
+
+
 def _pointer(*parts) -> str:
     return JsonPointer.from_parts([str(p) for p in parts]).path  # escapes `~` and `/` per RFC 6901
 
 
-def append_op(spec: dict | None, entry: dict) -> dict:
-    """Add `entry` after the existing entries, creating the list (or spec) where absent."""
+def append_op(spec, entry_json: str) -> Op:
+    """Add the entry after the existing entries, creating the list (or spec) where absent."""
     if not isinstance(spec, dict):
-        return {"op": "add", "path": _pointer("spec"), "value": {"runtimePatches": [entry]}}
+        return Op("add", _pointer("spec"), f'{{"runtimePatches": [{entry_json}]}}')
     if not isinstance(spec.get("runtimePatches"), list):
-        return {"op": "add", "path": _pointer(*RUNTIME_PATCHES), "value": [entry]}
-    return {"op": "add", "path": _pointer(*RUNTIME_PATCHES, "-"), "value": entry}
+        return Op("add", _pointer(*RUNTIME_PATCHES), f"[{entry_json}]")
+    return Op("add", _pointer(*RUNTIME_PATCHES, "-"), entry_json)
 
 
-def insert_op(spec: dict, index: int, entry: dict) -> dict:
+def insert_op(spec: dict, index: int, entry_json: str) -> Op:
+    """Put an entry back at `index` (or last, where the list is now shorter)."""
     if not isinstance(spec.get("runtimePatches"), list):
-        return {"op": "add", "path": _pointer(*RUNTIME_PATCHES), "value": [entry]}
+        return Op("add", _pointer(*RUNTIME_PATCHES), f"[{entry_json}]")
     index = min(index, len(spec["runtimePatches"]))
-    return {"op": "add", "path": _pointer(*RUNTIME_PATCHES, index), "value": entry}
+    return Op("add", _pointer(*RUNTIME_PATCHES, index), entry_json)
 
 
-def replace_op(index: int, entry: dict) -> dict:
-    return {"op": "replace", "path": _pointer(*RUNTIME_PATCHES, index), "value": entry}
+def replace_op(index: int, entry_json: str) -> Op:
+    return Op("replace", _pointer(*RUNTIME_PATCHES, index), entry_json)
 
 
-def remove_op(index: int) -> dict:
-    return {"op": "remove", "path": _pointer(*RUNTIME_PATCHES, index)}
+def remove_op(index: int) -> Op:
+    return Op("remove", _pointer(*RUNTIME_PATCHES, index))
 
 
-def encode(ops: list[dict]) -> str:
-    """The AdmissionResponse `patch` field: the RFC 6902 operations as base64 JSON.
-
-    Equal to json.dumps(ops) (the tests decode and apply it with jsonpatch), but the entry content,
-    the same for every review of a runtime, is serialised once rather than on every review.
-    """
-    text = "[" + ", ".join(
-        "{" + ", ".join(f"{json.dumps(k)}: {_value_json(v)}" for k, v in op.items()) + "}" for op in ops) + "]"
-    return base64.b64encode(text.encode()).decode()
+def encode(ops: Iterable[Op]) -> str:
+    """The AdmissionResponse `patch` field: the RFC 6902 operations as base64 JSON."""
+    return base64.b64encode(("[" + ", ".join(op.json() for op in ops) + "]").encode()).decode()
 
 
-def apply(obj: dict, ops: list[dict]) -> dict:
-    """Apply a patch as the API server would (for `check` and for tests)."""
-    return jsonpatch.apply_patch(obj, ops)
+def apply(obj: dict, ops: Iterable) -> dict:
+    """Apply a patch as the API server would (for `check`, the Python API and tests)."""
+    return jsonpatch.apply_patch(obj, [op.as_dict() if isinstance(op, Op) else op for op in ops])

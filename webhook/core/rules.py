@@ -1,8 +1,9 @@
-"""The rules of SPEC 5, each reporting every violation it finds, plus the walkers they share.
+"""The rules of SPEC 5, each reporting every violation it finds, with the walkers they share.
 
-Shape rules (S1 to S3) read only the TrainJob; runtime requirements (R1 to R8) read the runtime it
-names. S4 and S5 compare the webhook's own entry with the computed one, and live in `admission`
-beside the mutation they mirror. Nothing here does I/O.
+A TrainJob is walked once (`scan`): every runtimePatches entry but the webhook's own is checked by
+S1, S2, S3 and S6 on the way, and the webhook's own entry is picked out for S4, S5 and SPEC 6.3.
+A runtime is walked once per runtime object (`runtime_facts`: R3, R4, R5). Every reason carries the
+rule that found it (SPEC 8.1's `rule` label). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ NODE_CONTAINER = "node"
 MAX_RUNTIME_PATCHES = 16
 RESERVED_ENV_PREFIX = "DISPATCH_"
 TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+# The mlPolicy sources that read numProcPerNode: processes per node, MPI slots, Flux tasks (R6).
+PROC_POLICIES = ("torch", "mpi", "flux")
 CONTAINER_LISTS = ("initContainers", "containers")
 
 
@@ -27,28 +30,30 @@ class Walk:
     Mutating webhooks see objects before the API server's schema validation, so nothing is assumed.
     """
 
-    def __init__(self, reasons: Reasons, sentinel: Sentinel = ErrInvalid):
-        self.reasons = reasons
-        self.sentinel = sentinel
+    def __init__(self, reasons: Reasons, sentinel: Sentinel = ErrInvalid, rule: str = ""):
+        self.reasons, self.sentinel, self.rule = reasons, sentinel, rule
+
+    def bad(self, path: str, text: str) -> None:
+        self.reasons.add(self.sentinel, path, text, self.rule)
 
     def obj(self, value, path: str) -> dict | None:
         if value is None or isinstance(value, dict):
             return value
-        self.reasons.add(self.sentinel, path, "must be an object")
+        self.bad(path, "must be an object")
         return None
 
     def items(self, value, path: str) -> list[tuple[int, dict]]:
         if value is None:
             return []
         if not isinstance(value, list):
-            self.reasons.add(self.sentinel, path, "must be a list")
+            self.bad(path, "must be a list")
             return []
         out = []
         for i, item in enumerate(value):
             if isinstance(item, dict):
                 out.append((i, item))
             else:
-                self.reasons.add(self.sentinel, f"{path}[{i}]", "must be an object")
+                self.bad(f"{path}[{i}]", "must be an object")
         return out
 
     def dig(self, value, path: str, *keys: str) -> tuple[dict | None, str]:
@@ -64,7 +69,7 @@ class Walk:
     def string(self, value, path: str) -> str | None:
         if value is None or isinstance(value, str):
             return value
-        self.reasons.add(self.sentinel, path, "must be a string")
+        self.bad(path, "must be a string")
         return None
 
 
@@ -121,50 +126,105 @@ def container_names(pod: PodSpec, lst: str) -> set[str]:
     return {c.get("name") for c in found if isinstance(c, dict)} if isinstance(found, list) else set()
 
 
-# ---- shape rules (S1 to S3): the TrainJob alone ----
+# ---- the TrainJob, walked once: S1, S2, S3, S6, and the webhook's own entry ----
 
 
-def shape_rules(spec: dict, own_manager: str, env: list[tuple[str, str]], reasons: Reasons) -> None:
-    """S1, S2 and S3 over every runtimePatches entry but the webhook's own, and spec.trainer.env."""
-    walk = Walk(reasons)
-    for i, entry in walk.items(spec.get("runtimePatches"), "spec.runtimePatches"):
-        if entry.get("manager") == own_manager:
+@dataclass(frozen=True)
+class Own:
+    """The webhook's entry in a TrainJob: its index in runtimePatches and its content."""
+
+    index: int
+    entry: dict
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one walk of a TrainJob's spec found."""
+
+    count: int                      # runtimePatches entries (of any type)
+    own: Own | None                 # the first entry under the webhook's manager
+    env: tuple[tuple[str, str], ...]  # (path, name) of spec.trainer.env
+
+
+def find_own(spec, manager: str) -> Own | None:
+    """The webhook's entry in a spec, without judging anything (for the old object of an UPDATE)."""
+    patches = spec.get("runtimePatches") if isinstance(spec, dict) else None
+    if isinstance(patches, list):
+        for i, entry in enumerate(patches):
+            if isinstance(entry, dict) and entry.get("manager") == manager:
+                return Own(i, entry)
+    return None
+
+
+def scan(spec: dict, settings: Settings, reasons: Reasons) -> Scan:
+    """Walk spec.runtimePatches and spec.trainer.env once, applying S1, S2, S3 and S6 on the way."""
+    manager = settings.manager
+    walk = Walk(reasons, rule="S2")  # a malformed entry is found while looking for mounts in it
+    patches = spec.get("runtimePatches")
+    own: Own | None = None
+    for i, entry in walk.items(patches, "spec.runtimePatches"):
+        if entry.get("manager") == manager:
+            if own is None:
+                own = Own(i, entry)
+            else:
+                reasons.add(ErrInvalid, f"spec.runtimePatches[{i}].manager", f"{manager!r} appears more than once", "S4")
             continue
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
-            _entry_pod_rules(pod, walk, reasons)
+            _entry_pod_rules(pod, settings, walk, reasons)
+    env = _trainer_env(spec, reasons)
     for path, name in env:
         if _is_reserved_env(name):  # S3
             reasons.add(ErrInvalid, f"{path}.name",
-                        f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter")
+                        f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter", "S3")
+    count = len(patches) if isinstance(patches, list) else 0
+    return Scan(count, own, tuple(env))
 
 
-def _entry_pod_rules(pod: PodSpec, walk: Walk, reasons: Reasons) -> None:
+def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons) -> None:
+    creds = settings.credentials
     for path, vol in volumes(pod, walk):
-        if _is_publish_volume(vol.get("name")):  # S1
+        name = vol.get("name")
+        if _is_publish_volume(name):  # S1
             reasons.add(ErrInvalid, f"{path}.name",
-                        f"volume name {vol.get('name')!r} is (or looks like) {PUBLISH_VOLUME!r},"
-                        " reserved for the webhook's publish volume")
+                        f"volume name {name!r} is (or looks like) {PUBLISH_VOLUME!r}, reserved for the webhook's publish volume",
+                        "S1")
+        for cred in creds:
+            if _looks_like(name, cred.name):  # S6: Trainer merges volumes by name
+                reasons.add(ErrInvalid, f"{path}.name",
+                            f"volume name {name!r} is (or looks like) credential {cred.name!r}'s volume,"
+                            " which only the webhook's entry defines", "S6")
     for _, cpath, container in containers(pod, walk):
         for mpath, mount in mounts(container, cpath, walk):
             mount_path = walk.string(mount.get("mountPath"), f"{mpath}.mountPath")
-            if mount_path is not None and paths.under_publish_dir(mount_path):  # S2
-                reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                            f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount")
-            elif mount_path is not None and paths.looks_under_publish_dir(mount_path):  # S2, look-alikes
-                reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                            f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)")
+            if mount_path is not None:
+                if paths.under_publish_dir(mount_path):  # S2
+                    reasons.add(ErrInvalid, f"{mpath}.mountPath",
+                                f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount", "S2")
+                elif paths.looks_under_publish_dir(mount_path):  # S2, look-alikes
+                    reasons.add(ErrInvalid, f"{mpath}.mountPath",
+                                f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)", "S2")
+                for cred in creds:  # S6: Trainer merges mounts by path
+                    if paths.at_or_under(mount_path, cred.mount_path) or paths.at_or_under(paths.skeleton(mount_path),
+                                                                                           cred.mount_path):
+                        reasons.add(ErrInvalid, f"{mpath}.mountPath",
+                                    f"{mount_path!r} is at or under credential {cred.name!r}'s mountPath"
+                                    f" {cred.mount_path}, which only the webhook's entry mounts", "S6")
             if _is_publish_volume(mount.get("name")):  # S1: the reserved volume is mounted by its owner only
                 reasons.add(ErrInvalid, f"{mpath}.name",
-                            f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own entry")
+                            f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own entry", "S1")
         for i, env in walk.items(container.get("env"), f"{cpath}.env"):
             name = env.get("name")
             if _is_reserved_env(name):  # S3, for patched containers too
                 reasons.add(ErrInvalid, f"{cpath}.env[{i}].name",
-                            f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter")
+                            f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter", "S3")
+
+
+def _looks_like(name, reserved: str) -> bool:
+    return isinstance(name, str) and (name == reserved or paths.skeleton(name) == reserved)
 
 
 def _is_publish_volume(name) -> bool:
-    return isinstance(name, str) and (name == PUBLISH_VOLUME or paths.skeleton(name) == PUBLISH_VOLUME)
+    return _looks_like(name, PUBLISH_VOLUME)
 
 
 def _is_reserved_env(name) -> bool:
@@ -172,8 +232,9 @@ def _is_reserved_env(name) -> bool:
                                       or paths.skeleton(name).startswith(RESERVED_ENV_PREFIX))
 
 
-def trainer_env_names(spec: dict, walk: Walk) -> list[tuple[str, str]]:
+def _trainer_env(spec: dict, reasons: Reasons) -> list[tuple[str, str]]:
     """(path, name) of every spec.trainer.env entry; read once per review, used by S3 and R7."""
+    walk = Walk(reasons, rule="S3")
     trainer = walk.obj(spec.get("trainer"), "spec.trainer")
     if trainer is None:
         return []
@@ -183,7 +244,7 @@ def trainer_env_names(spec: dict, walk: Walk) -> list[tuple[str, str]]:
         if isinstance(name, str):
             out.append((f"spec.trainer.env[{i}]", name))
         elif name is not None:
-            walk.reasons.add(walk.sentinel, f"spec.trainer.env[{i}].name", "must be a string")
+            walk.bad(f"spec.trainer.env[{i}].name", "must be a string")
     return out
 
 
@@ -203,104 +264,123 @@ class RuntimeRef:
 
 
 def runtime_ref(spec: dict, namespace: str, reasons: Reasons) -> RuntimeRef | None:
-    """R1: the reference, with Trainer's defaults; None (with reasons) when it cannot be followed."""
-    walk = Walk(reasons)
+    """R1: the reference, with Trainer's defaults where a field is absent; None (with reasons) when it
+    cannot be followed. An explicit "" is not absent: the CRD's defaulting would keep it, so it is refused."""
+    walk = Walk(reasons, rule="R1")
     ref = walk.obj(spec.get("runtimeRef"), "spec.runtimeRef")
     if ref is None:
-        reasons.add(ErrInvalid, "spec.runtimeRef", "required")
+        if "runtimeRef" not in spec or spec.get("runtimeRef") is None:
+            reasons.add(ErrInvalid, "spec.runtimeRef", "required", "R1")
         return None
-    name = walk.string(ref.get("name"), "spec.runtimeRef.name")
+    ok = True
+    name = ref.get("name")
+    if name is None or name == "":
+        reasons.add(ErrInvalid, "spec.runtimeRef.name", "required", "R1")
+        ok = False
+    elif not isinstance(name, str):
+        walk.bad("spec.runtimeRef.name", "must be a string")
+        ok = False
     group = walk.string(ref.get("apiGroup"), "spec.runtimeRef.apiGroup")
     kind = walk.string(ref.get("kind"), "spec.runtimeRef.kind")
-    group = GROUP if group in (None, "") else group
-    kind = CLUSTER_KIND if kind in (None, "") else kind
-    ok = True
-    if not name:
-        reasons.add(ErrInvalid, "spec.runtimeRef.name", "required")
-        ok = False
-    if group != GROUP:
-        reasons.add(ErrUnsupported, "spec.runtimeRef.apiGroup", f"{group!r} is not supported: use {GROUP}")
-        ok = False
-    if kind not in KINDS:
+    group_ok = isinstance(ref.get("apiGroup"), (str, type(None)))
+    kind_ok = isinstance(ref.get("kind"), (str, type(None)))
+    group = GROUP if group is None else group
+    kind = CLUSTER_KIND if kind is None else kind
+    if group_ok and group != GROUP:
+        reasons.add(ErrUnsupported, "spec.runtimeRef.apiGroup", f"{group!r} is not supported: use {GROUP}", "R1")
+    if kind_ok and kind not in KINDS:
         reasons.add(ErrUnsupported, "spec.runtimeRef.kind",
-                    f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}")
-        ok = False
-    return RuntimeRef(group, kind, name, namespace) if ok else None
+                    f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}", "R1")
+    if not (ok and group_ok and kind_ok and group == GROUP and kind in KINDS):
+        return None
+    return RuntimeRef(group, kind, name, namespace)
 
 
 def not_found(ref: RuntimeRef, reasons: Reasons) -> None:
     """R2."""
     where = f" in namespace {ref.namespace}" if ref.kind == NAMESPACED_KIND else ""
-    reasons.add(ErrNotFound, "spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}")
+    reasons.add(ErrNotFound, "spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}", "R2")
 
 
-def target_jobs(runtime: dict, reasons: Reasons) -> list[PodSpec]:
-    """R3: every replicated job whose pod template has a container named node; at least one."""
-    walk = Walk(Reasons(), ErrUnsupported)  # the runtime was admitted by its CRD; stray shapes just do not match
-    targets = [p for p in runtime_pod_specs(runtime, walk) if NODE_CONTAINER in container_names(p, "containers")]
-    if not targets:
-        reasons.add(ErrUnsupported, "spec.runtimeRef",
-                    f"the runtime has no replicated job with a container named {NODE_CONTAINER!r}")
-    return targets
+def describe(runtime: dict) -> str:
+    """`ClusterTrainingRuntime NAME` or `TrainingRuntime NS/NAME`, from the runtime object itself."""
+    meta = runtime.get("metadata") if isinstance(runtime.get("metadata"), dict) else {}
+    kind = runtime.get("kind") if runtime.get("kind") in KINDS else CLUSTER_KIND
+    where = f"{meta.get('namespace')}/" if kind == NAMESPACED_KIND else ""
+    return f"{kind} {where}{meta.get('name')}"
 
 
 @dataclass(frozen=True)
 class RuntimeFacts:
-    """What a runtime alone decides (R3, R4, R5, torch or not), worked out once per runtime object."""
+    """What a runtime alone decides (R3, R4, R5, its mlPolicy), worked out once per runtime object."""
 
-    targets: tuple[PodSpec, ...]
-    torch: bool
-    reasons: tuple
+    targets: tuple[str, ...]  # the replicated jobs whose pod has a `node` container (R3)
+    policies: frozenset[str]  # the mlPolicy sources set: torch, mpi, flux, ...
+    reasons: tuple            # R3, R4 and R5 reasons, field spec.runtimeRef
+
+    @property
+    def torch(self) -> bool:
+        return "torch" in self.policies
+
+    @property
+    def can_carry(self) -> bool:
+        return not self.reasons
 
 
-def runtime_facts(ref: RuntimeRef, runtime: dict, settings: Settings) -> RuntimeFacts:
+def runtime_facts(runtime: dict, settings: Settings) -> RuntimeFacts:
+    """R3, R4 and R5 for one runtime object. The runtime was admitted by its CRD; stray shapes just do not match."""
     reasons = Reasons()
-    targets = target_jobs(runtime, reasons)  # R3
+    what = describe(runtime)
     walk = Walk(Reasons(), ErrUnsupported)
+    pods = runtime_pod_specs(runtime, walk)
+    targets = [p for p in pods if NODE_CONTAINER in container_names(p, "containers")]
+    if not targets:  # R3
+        reasons.add(ErrUnsupported, "spec.runtimeRef",
+                    f"{what}: no replicated job has a container named {NODE_CONTAINER!r}", "R3")
     publish = settings.publish
     if publish is not None and publish.via == ROUTE_INIT_CONTAINER:  # R4
         for pod in targets:
             if publish.init_container not in container_names(pod, "initContainers"):
                 reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{ref}: replicated job {pod.job!r} has no init container {publish.init_container!r}"
-                            " (publish.via is initContainer)")
+                            f"{what}: replicated job {pod.job!r} has no init container {publish.init_container!r}"
+                            " (publish.via is initContainer)", "R4")
     reserved = {PUBLISH_VOLUME} | {c.name for c in settings.credentials}
-    for pod in runtime_pod_specs(runtime, walk):  # R5
+    for pod in pods:  # R5
         for _, vol in volumes(pod, walk):
             if vol.get("name") in reserved:
                 reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{ref}: replicated job {pod.job!r} already defines volume {vol.get('name')!r},"
-                            " a name the webhook reserves")
+                            f"{what}: replicated job {pod.job!r} already defines volume {vol.get('name')!r},"
+                            " a name the webhook reserves", "R5")
         for _, cpath, container in containers(pod, walk):
             for _, mount in mounts(container, cpath, walk):
                 mp = mount.get("mountPath")
                 if isinstance(mp, str) and paths.under_publish_dir(mp):
                     reasons.add(ErrUnsupported, "spec.runtimeRef",
-                                f"{ref}: replicated job {pod.job!r} container {container.get('name')!r}"
-                                f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}")
+                                f"{what}: replicated job {pod.job!r} container {container.get('name')!r}"
+                                f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", "R5")
     spec = runtime.get("spec")
     policy = spec.get("mlPolicy") if isinstance(spec, dict) else None
-    torch = isinstance(policy, dict) and policy.get("torch") is not None
-    return RuntimeFacts(tuple(targets), torch, tuple(reasons))
+    policies = frozenset(k for k, v in policy.items() if v is not None) if isinstance(policy, dict) else frozenset()
+    return RuntimeFacts(tuple(p.job for p in targets), policies, tuple(reasons))
 
 
-def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env: list[tuple[str, str]],
-                           reasons: Reasons) -> None:
+def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env, reasons: Reasons) -> None:
     """R6 and R7: what the TrainJob asks of the runtime (R8 depends on the mutation and is checked with it)."""
     trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else {}
-    if trainer.get("numProcPerNode") is not None and not facts.torch:  # R6
+    if trainer.get("numProcPerNode") is not None and not facts.policies & set(PROC_POLICIES):  # R6
         reasons.add(ErrUnsupported, "spec.trainer.numProcPerNode",
-                    f"{ref} has no mlPolicy.torch, so numProcPerNode cannot be set")
+                    f"{ref} has none of mlPolicy.torch, mpi or flux, so nothing reads numProcPerNode", "R6")
     if facts.torch:  # R7
         for path, name in env:
             if name in TORCH_RESERVED_ENV:
-                reasons.add(ErrInvalid, f"{path}.name", f"{name!r} is set by Trainer's torch plugin ({ref} uses mlPolicy.torch)")
+                reasons.add(ErrInvalid, f"{path}.name",
+                            f"{name!r} is set by Trainer's torch plugin ({ref} uses mlPolicy.torch)", "R7")
 
 
 def room_for_entry(count: int, reasons: Reasons) -> bool:
     """R8: adding one entry must not take runtimePatches past its CRD limit."""
     if count + 1 > MAX_RUNTIME_PATCHES:
         reasons.add(ErrUnsupported, "spec.runtimePatches",
-                    f"has {count} entries; the webhook's entry would exceed the limit of {MAX_RUNTIME_PATCHES}")
+                    f"has {count} entries; the webhook's entry would exceed the limit of {MAX_RUNTIME_PATCHES}", "R8")
         return False
     return True

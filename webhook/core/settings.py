@@ -16,7 +16,7 @@ from functools import lru_cache
 import jsonschema
 
 from . import images, paths
-from .errors import Denied, ErrInvalid, Reason, Reasons
+from .errors import RULE_SETTINGS, Denied, ErrInvalid, Reason, Reasons
 
 DEFAULT_MANAGER = "dispatch.go.phpboyscout.uk/publish"
 PUBLISH_VOLUME = "dispatch-publish"
@@ -213,36 +213,45 @@ def _json_type(value) -> str:
     return {dict: "object", list: "array", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def _show(value) -> str:
+    """A value as the user wrote it in JSON (`null`, `true`, `5`), a string quoted."""
+    return repr(value) if isinstance(value, str) else json.dumps(value)[:80]
+
+
 def _schema_reasons(doc, reasons: Reasons) -> None:
+    """One reason per Schema error, worded from jsonschema's structured fields (path, validator, values),
+    never from its English messages."""
     for err in sorted(_validator().iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         where = _key_path(err.absolute_path)
+        base = _key_path(err.absolute_path) if err.absolute_path else ""
         v = err.validator
+        if err.instance is None and v != "required":
+            continue  # reported by _walk_strict with the reason nulls are refused
         if "dependentSchemas" in err.schema_path:  # initContainer named without via: initContainer
-            reasons.add(ErrInvalid, "publish.initContainer", "is valid only with via: initContainer")
+            reasons.add(ErrInvalid, "publish.initContainer", "is valid only with via: initContainer", RULE_SETTINGS)
         elif v == "additionalProperties":
             allowed = err.schema.get("properties", {})
             for key in err.instance:
                 if key not in allowed:
-                    reasons.add(ErrInvalid, _join(_key_path(err.absolute_path) if err.absolute_path else "", key) or "(document)",
-                                f"unknown key (known: {', '.join(allowed)})")
+                    reasons.add(ErrInvalid, _join(base, key) or "(document)",
+                                f"unknown key (known: {', '.join(allowed)})", RULE_SETTINGS)
         elif v == "required":
-            missing = err.message.split("'")[1] if "'" in err.message else "?"
-            base = _key_path(err.absolute_path) if err.absolute_path else ""
-            reasons.add(ErrInvalid, _join(base, missing), "required")
+            present = err.instance if isinstance(err.instance, dict) else {}
+            for missing in (k for k in err.validator_value if k not in present):
+                reasons.add(ErrInvalid, _join(base, missing), "required", RULE_SETTINGS)
         elif v == "type":
-            if err.instance is None:
-                continue  # reported by _walk_strict with the reason nulls are refused
-            reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}")
+            reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}", RULE_SETTINGS)
         elif v == "enum":
-            reasons.add(ErrInvalid, where, f"must be one of {', '.join(err.validator_value)}, not {err.instance!r}")
+            reasons.add(ErrInvalid, where, f"must be one of {', '.join(err.validator_value)}, not {_show(err.instance)}",
+                        RULE_SETTINGS)
         elif v == "not":
-            reasons.add(ErrInvalid, where, f"{err.instance!r} is reserved for the publish volume")
+            reasons.add(ErrInvalid, where, f"{_show(err.instance)} is reserved for the publish volume", RULE_SETTINGS)
         elif v == "pattern":
-            reasons.add(ErrInvalid, where, _pattern_text(err.absolute_path, err.instance))
+            reasons.add(ErrInvalid, where, _pattern_text(err.absolute_path, err.instance), RULE_SETTINGS)
         elif v == "maxLength":
-            reasons.add(ErrInvalid, where, f"must be at most {err.validator_value} characters")
-        else:
-            reasons.add(ErrInvalid, where, err.message)
+            reasons.add(ErrInvalid, where, f"must be at most {err.validator_value} characters", RULE_SETTINGS)
+        else:  # a keyword this Schema does not use today: name it and its value
+            reasons.add(ErrInvalid, where, f"fails the Schema's {v} {_show(err.validator_value)}", RULE_SETTINGS)
 
 
 def _pattern_text(path, value: str) -> str:

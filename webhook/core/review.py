@@ -1,0 +1,92 @@
+"""The AdmissionReview envelope (admission.k8s.io/v1): its shapes, reading a request, and the one place
+an answer is built.
+
+Two error families are kept apart, as kopf does: a broken webhook request (BadReview, answered with an
+HTTP 400 by the server or exit 2 by the CLI) and a refused operation (a response with `allowed: false`
+and a Status built from the error table).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, TypedDict
+
+from . import errors, patch
+
+API_VERSION = "admission.k8s.io/v1"
+MAX_WARNING = 120
+
+
+class GroupVersionResource(TypedDict, total=False):
+    group: str
+    version: str
+    resource: str
+
+
+class AdmissionRequest(TypedDict, total=False):
+    uid: str
+    kind: dict
+    resource: GroupVersionResource
+    subResource: str
+    name: str
+    namespace: str
+    operation: str
+    userInfo: dict
+    object: dict
+    oldObject: dict
+    dryRun: bool
+
+
+class AdmissionResponse(TypedDict, total=False):
+    uid: str
+    allowed: bool
+    status: dict
+    patch: str
+    patchType: str
+    warnings: list[str]
+
+
+class AdmissionReview(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    request: AdmissionRequest
+    response: AdmissionResponse
+
+
+class BadReview(ValueError):
+    """The body is not a usable AdmissionReview v1: the webhook call itself is broken (HTTP 400)."""
+
+
+def parse_review(doc: Any) -> AdmissionRequest:
+    if not isinstance(doc, dict):
+        raise BadReview("the body must be a JSON object (an AdmissionReview)")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != "AdmissionReview":
+        raise BadReview(f"expected apiVersion {API_VERSION} and kind AdmissionReview, "
+                        f"got {str(doc.get('apiVersion'))[:64]!r} {str(doc.get('kind'))[:64]!r}")
+    req = doc.get("request")
+    if not isinstance(req, dict):
+        raise BadReview("request is missing or not an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing or not a non-empty string")
+    return req  # type: ignore[return-value]
+
+
+def warning(text: str) -> str:
+    """A warning as the API server passes it on: one plain sentence, at most 120 characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+
+
+def build_response(uid: str, reasons: list[errors.Reason], ops: Iterable[patch.Op], warnings: list[str],
+                   name: str = "", kind: str = "TrainJob") -> AdmissionReview:
+    """The one place an answer is made: uid echoed, a denial's Status from the error table, a patch when allowed."""
+    response: AdmissionResponse = {"uid": uid, "allowed": not reasons}
+    ops = list(ops)
+    if reasons:
+        response["status"] = errors.status(reasons, name, kind=kind)
+    elif ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = patch.encode(ops)
+    if warnings:
+        response["warnings"] = [warning(w) for w in warnings]
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
