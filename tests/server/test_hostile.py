@@ -72,8 +72,8 @@ def check_answer(doc, r):
 CATALOGUE = cases(lambda job: mutated(CORE, job))
 
 
-@pytest.mark.parametrize("name,operation,obj,old", CATALOGUE, ids=[c[0] for c in CATALOGUE])
-def test_bypass_catalogue_over_https(server, name, operation, obj, old):
+@pytest.mark.parametrize("name,operation,obj,old,rule", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bypass_catalogue_over_https(server, name, operation, obj, old, rule):
     c = Client(server)
     doc = review(obj, operation=operation, old=old)
     v = check_answer(doc, c.post("/validate", doc))

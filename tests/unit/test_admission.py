@@ -304,8 +304,16 @@ def test_forged_entry_on_update_of_running_job_refused():
 
 def test_warnings_are_short_plain_sentences():
     adm = admission(ROUTE2, runtimes=RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})]))
-    for w in answer(adm, trainjob())["warnings"]:
-        assert len(w) <= 120 and not w.lower().startswith("warning")
+    warnings = answer(adm, trainjob())["warnings"]
+    assert warnings and all(len(w) <= 120 and not w.lower().startswith("warning") for w in warnings)
+
+
+def test_a_long_warning_is_cut_to_120_characters():
+    from webhook.core.review import warning
+
+    long = "the runtime " + "x" * 300 + " cannot carry the mount"
+    assert len(warning(long)) == 120 and warning(long).endswith("...")
+    assert warning("two  spaces\nand a newline") == "two spaces and a newline"
 
 
 def test_encoded_patch_is_the_json_of_the_operations():

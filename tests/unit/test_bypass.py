@@ -4,7 +4,7 @@ import pytest
 
 from webhook.core import paths
 from tests.bypass import cases
-from tests.helpers import CREDS, MANAGER, ROUTE1, admission, answer, mutated, ops_of
+from tests.helpers import CREDS, MANAGER, ROUTE1, admission, answer, mutated, ops_of, review
 from webhook.core import patch
 
 ADM = admission({**ROUTE1, **CREDS})
@@ -25,12 +25,16 @@ def publish_mounts(job):
                             yield m
 
 
-@pytest.mark.parametrize("name,operation,obj,old", CASES, ids=[c[0] for c in CASES])
-def test_bypass_is_refused(name, operation, obj, old):
+@pytest.mark.parametrize("name,operation,obj,old,rule", CASES, ids=[c[0] for c in CASES])
+def test_bypass_is_refused(name, operation, obj, old, rule):
     kw = {"operation": operation, "old": old}
     v = answer(ADM, obj, "validate", **kw)
     assert v["allowed"] is False, f"validate admitted {name}"
     assert v["status"]["code"] in (400, 403, 422), v["status"]
+    # Refused by the rule the trick aims at, not only by another (S5 cannot stand in: the entry is there).
+    _, outcome = ADM.review(review(obj, **kw), "validate")
+    assert rule in {r.rule for r in outcome.reasons}, outcome.reasons
+    assert "S5" not in {r.rule for r in outcome.reasons}
     m = answer(ADM, obj, "mutate", **kw)
     if m["allowed"]:
         result = patch.apply(obj, ops_of(m))

@@ -13,16 +13,16 @@ SETTINGS = [ROUTE1, {**ROUTE1, **CREDS}, ROUTE2, CREDS, {}]
 ADMISSIONS = [admission(s) for s in SETTINGS]
 
 
-def other_mounts(job, manager):
+def publish_dir_mounts(job):
+    """(manager, container list, container, mount) for every mount at or under /opt/dispatch, in every entry."""
     for entry in job["spec"].get("runtimePatches", []):
-        if entry["manager"] == manager:
-            continue
         for rj in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
             pod = rj["template"]["spec"]["template"]["spec"]
             for lst in ("containers", "initContainers"):
                 for c in pod.get(lst, []):
                     for m in c.get("volumeMounts", []):
-                        yield m["mountPath"]
+                        if paths.under_publish_dir(paths.skeleton(m["mountPath"])):
+                            yield entry["manager"], lst, c["name"], m
 
 
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -36,9 +36,14 @@ def test_admitted_patch_applies_validates_and_is_idempotent(job, which):
         assert resp["status"]["code"] in (422, 403, 404)
         assert "patch" not in resp
         return
-    # Nothing admitted mounts anything but the publish volume at /opt/dispatch.
-    assert not any(paths.under_publish_dir(p) for p in other_mounts(job, adm.settings.manager))
     result = patch.apply(job, ops_of(resp))
+    # On the result: nothing but the webhook's entry mounts at /opt/dispatch, and only the publish volume,
+    # read-only on the node container (route 2: also writable on the init container that fills it).
+    for manager, lst, container, mount in publish_dir_mounts(result):
+        assert manager == adm.settings.manager, (manager, mount)
+        assert mount["name"] == "dispatch-publish" and paths.normalise(mount["mountPath"]) == paths.PUBLISH_DIR
+        assert (lst, container) == ("containers", "node") and mount["readOnly"] is True or (
+            lst == "initContainers" and adm.settings.publish.via == "initContainer")
     again = answer(adm, result)
     assert again["allowed"] and "patch" not in again, "a second mutation must be a no-op"
     valid = answer(adm, result, "validate")

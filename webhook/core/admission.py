@@ -70,6 +70,7 @@ class Plan:
     settings: Settings
     spec: Any = None                     # the new spec as sent (the patch's paths are computed from it)
     count: int = 0                       # runtimePatches entries
+    readable: bool = True                # runtimePatches absent or a list
     own: Own | None = None               # the webhook's entry in the new object
     old_own: Own | None = None           # ... and in the old one (UPDATE)
     entry: Entry | None = None           # what the settings produce for the named runtime
@@ -214,9 +215,11 @@ def validation(p: Plan) -> Decision:
         if not p.configured:
             if p.own is not None:
                 reasons.extend(_s4_unconfigured(p))
-        elif p.own is None:  # S5
-            reasons.add(ErrInvalid, "spec.runtimePatches",
-                        f"has no entry of manager {p.manager!r}: the dispatch-admission mutating webhook was bypassed", "S5")
+        elif p.own is None:
+            if p.readable:  # S5 (a runtimePatches that is no list is already a reason)
+                reasons.add(ErrInvalid, "spec.runtimePatches",
+                            f"has no entry of manager {p.manager!r}: the dispatch-admission mutating webhook was bypassed",
+                            "S5")
         elif p.entry is not None and not p.entry.matches(p.own.entry):
             _s4(p, reasons)
     elif p.stage is Stage.KEEP:
@@ -324,6 +327,19 @@ def _target(req: AdmissionRequest, resources) -> str | None:
     return None
 
 
+def _guarded(reasons: Reasons, check: Callable, *args):
+    """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
+    try:
+        return check(*args)
+    except RecursionError:  # an object nested deeper than can be walked: the sender's fault
+        reasons.add(ErrInvalid, "(object)", "nested too deeply", "S2")
+    except Exception:
+        log.exception("internal error while checking")
+        reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
+                    RULE_INTERNAL)
+    return None
+
+
 class Admission:
     """Decides reviews for one set of settings, one runtime source and one enforcement mode."""
 
@@ -406,7 +422,7 @@ class Admission:
         reasons = Reasons()
         spec_value = obj.get("spec")
         spec = rules.Walk(reasons, rule="S2").obj(spec_value, "spec") or {}
-        found = rules.scan(spec, settings, reasons)
+        found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
         old_spec: dict = {}
         old_own = None
         stage = Stage.CREATE
@@ -415,11 +431,13 @@ class Admission:
             old_own = rules.find_own(old_spec, settings.manager)
             stage = Stage.KEEP if old_own else Stage.ADD if _suspended(old_spec) else Stage.RUNNING
         runtime_reasons = Reasons()
-        entry = self._runtime(spec, namespace, found.env, reasons, runtime_reasons)
+        entry = _guarded(runtime_reasons, self._runtime, spec, namespace, found.env, reasons, runtime_reasons)
+        reasons.extend(runtime_reasons)
         spec_same = old is not None and json_equal(spec_value, old.get("spec"))
         only_entry_added = (old is not None and not spec_same and old_own is None and found.own is not None
                             and json_equal(_without_entry(spec, found.own.index, old_spec), old_spec))
-        return Plan(operation, namespace, name, stage, settings, spec_value, found.count, found.own, old_own, entry,
+        return Plan(operation, namespace, name, stage, settings, spec_value, found.count, found.readable, found.own,
+                    old_own, entry,
                     self.clock.stamp(), tuple(reasons), tuple(runtime_reasons), spec_same, only_entry_added)
 
     def _runtime(self, spec: dict, namespace: str, env, reasons: Reasons, runtime_reasons: Reasons) -> Entry | None:
@@ -440,7 +458,6 @@ class Admission:
                 facts, entry = self.facts(runtime)
                 runtime_reasons.extend(facts.reasons)
                 rules.trainjob_runtime_rules(spec, ref, facts, env, reasons)
-        reasons.extend(runtime_reasons)
         return entry
 
     # ---- runtime warnings (SPEC 8.3) ----

@@ -142,6 +142,7 @@ class Scan:
     """What one walk of a TrainJob's spec found."""
 
     count: int                      # runtimePatches entries (of any type)
+    readable: bool                  # runtimePatches is absent or a list (else a reason says it is not)
     own: Own | None                 # the first entry under the webhook's manager
     env: tuple[tuple[str, str], ...]  # (path, name) of spec.trainer.env
 
@@ -177,7 +178,7 @@ def scan(spec: dict, settings: Settings, reasons: Reasons) -> Scan:
             reasons.add(ErrInvalid, f"{path}.name",
                         f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter", "S3")
     count = len(patches) if isinstance(patches, list) else 0
-    return Scan(count, own, tuple(env))
+    return Scan(count, patches is None or isinstance(patches, list), own, tuple(env))
 
 
 def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons) -> None:
