@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from .core import patch, settings as settings_mod
-from .core.admission import MUTATE, VALIDATE, Admission, BadReview
+from . import __version__, api
+from .core import settings as settings_mod
+from .core.admission import Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
 from .files import RuntimeFileError, load_runtimes, load_settings
 
@@ -44,7 +45,8 @@ def _admission(args) -> Admission:
         runtimes = load_runtimes(args.runtime or [])
     except RuntimeFileError as e:
         raise Unusable(f"runtime {e}") from None
-    return Admission(s, runtimes, clock=_now(getattr(args, "now", None)))
+    return Admission(s, runtimes, clock=_now(getattr(args, "now", None)),
+                     enforcement=Enforcement(getattr(args, "enforcement", "enforce")))
 
 
 def cmd_review(args) -> int:
@@ -54,46 +56,13 @@ def cmd_review(args) -> int:
     except (ValueError, RecursionError) as e:
         raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
     try:
-        response, _ = admission.review(doc, VALIDATE if args.validate else MUTATE)
+        verb = Verb.RUNTIMES if args.runtime_warnings else Verb.VALIDATE if args.validate else Verb.MUTATE
+        response, _ = admission.review(doc, verb)
     except BadReview as e:
         raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
     json.dump(response, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return EXIT_OK
-
-
-def _create_review(obj: dict, uid: str) -> dict:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
-            "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace") or "default",
-            "operation": "CREATE",
-            "object": obj,
-            "dryRun": True,
-        },
-    }
-
-
-def check_trainjob(admission: Admission, obj: dict, uid: str = "check") -> tuple[dict | None, dict, list[str]]:
-    """Mutate then validate one TrainJob as the API server would: (mutated or None, last response, warnings)."""
-    response, _ = admission.review(_create_review(obj, uid), MUTATE)
-    answer = response["response"]
-    warnings = list(answer.get("warnings", []))
-    if not answer["allowed"]:
-        return None, answer, warnings
-    mutated = obj
-    if "patch" in answer:
-        mutated = patch.apply(obj, json.loads(base64.b64decode(answer["patch"])))
-    response, _ = admission.review(_create_review(mutated, uid), VALIDATE)
-    answer = response["response"]
-    warnings += [w for w in answer.get("warnings", []) if w not in warnings]
-    return (mutated if answer["allowed"] else None), answer, warnings
 
 
 def cmd_check(args) -> int:
@@ -112,12 +81,12 @@ def cmd_check(args) -> int:
                 print(f"# {path} document {n}: not a TrainJob, skipped", file=sys.stderr)
                 continue
             name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
-            mutated, answer, warnings = check_trainjob(admission, doc, uid=f"{path}#{n}")
-            for w in warnings:
+            result = api.check_with(admission, doc, uid=f"{path}#{n}")
+            for w in result.warnings:
                 print(f"warning: {path}: TrainJob {name}: {w}", file=sys.stderr)
-            if mutated is None:
+            if not result.allowed:
                 denied = True
-                st = answer["status"]
+                st = result.status
                 print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
                 print(st["message"])
                 for cause in st["details"]["causes"]:
@@ -125,7 +94,7 @@ def cmd_check(args) -> int:
             else:
                 print(f"# {path}: TrainJob {name} admitted")
                 print("---")
-                sys.stdout.write(yaml.safe_dump(mutated, sort_keys=False))
+                sys.stdout.write(yaml.safe_dump(result.trainjob, sort_keys=False))
     return EXIT_DENIED if denied else EXIT_OK
 
 
@@ -143,6 +112,19 @@ def cmd_settings_schema(args) -> int:
     json.dump(settings_mod.schema(), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return EXIT_OK
+
+
+def cmd_audit(args) -> int:
+    from . import audit
+
+    try:
+        s = load_settings(args.settings)
+    except Denied as e:
+        raise Unusable(f"settings {args.settings}: {e}") from None
+    try:
+        return audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr)
+    except audit.ClusterUnreadable as e:
+        raise Unusable(f"cannot read the cluster: {e}") from None
 
 
 def cmd_certs(args) -> int:
@@ -175,15 +157,28 @@ def cmd_serve(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dispatch-admission",
                                 description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount.")
+    p.add_argument("--version", action="version", version=f"dispatch-admission {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="serve /mutate and /validate over TLS with gunicorn")
+    s = sub.add_parser("serve", help="serve /mutate, /validate and /runtimes over TLS with gunicorn")
     s.add_argument("--settings", help="settings JSON file (default: the embedded example with --dev)")
     s.add_argument("--cert-dir", help="directory with tls.crt and tls.key (default certs/ with --dev)")
-    s.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8443 with --dev, else 0.0.0.0:8443)")
+    s.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8443 with --dev, else gunicorn's"
+                   " configuration, else 0.0.0.0:8443)")
+    s.add_argument("--metrics-bind", default=None, metavar="HOST:PORT",
+                   help="serve /metrics in plain HTTP on a port of its own (and not on --bind)")
     s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
     s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
-    s.add_argument("--workers", type=int, default=None, help="gunicorn workers (default 2)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="gunicorn workers (default: gunicorn's configuration, else 2)")
+    s.add_argument("-c", "--gunicorn-config", metavar="FILE",
+                   help="a gunicorn configuration file (Python), as `gunicorn -c` reads; GUNICORN_CMD_ARGS is read too;"
+                        " serve's own flags win over both")
+    s.add_argument("--read-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a client has this long to complete the TLS handshake, and to send a whole request once it"
+                        " has started (default 5)")
+    s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
+                   help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -198,14 +193,20 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
     r.add_argument("--settings", required=True)
     r.add_argument("--runtime", action="append", required=True)
-    r.add_argument("--validate", action="store_true")
+    r.add_argument("--validate", action="store_true", help="answer as /validate (default: /mutate)")
+    r.add_argument("--runtime-warnings", action="store_true",
+                   help="answer as /runtimes: a runtime's CREATE or UPDATE, warnings only (SPEC 8.3)")
     r.add_argument("--now", help="fix the clock (RFC 3339), for reproducible output")
+    r.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
+                   help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
     r.set_defaults(func=cmd_review)
 
     c = sub.add_parser("check", help="mutate and validate TrainJob manifests offline")
     c.add_argument("--settings", required=True)
     c.add_argument("--runtime", action="append", required=True)
     c.add_argument("--now", help="fix the clock (RFC 3339)")
+    c.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
+                   help="warn: report what enforce would deny as warnings, and exit 0")
     c.add_argument("manifests", nargs="+")
     c.set_defaults(func=cmd_check)
 
@@ -216,6 +217,14 @@ def parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_settings_check)
     ss = stsub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the settings")
     ss.set_defaults(func=cmd_settings_schema)
+
+    a = sub.add_parser("audit", help="judge the cluster's runtimes and TrainJobs with the webhook's rules (read only)")
+    a.add_argument("--settings", required=True)
+    a.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
+    a.add_argument("--namespace", help="only TrainingRuntimes and TrainJobs of this namespace")
+    a.add_argument("--output", choices=["table", "json"], default="table")
+    a.add_argument("--page-size", type=int, default=500, help="objects per list call (limit/continue)")
+    a.set_defaults(func=cmd_audit)
 
     ce = sub.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
     ce.add_argument("--service", required=True)

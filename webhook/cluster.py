@@ -166,16 +166,26 @@ class ClusterRuntimes:
             w.stop()
 
 
-def api_client(kubeconfig: str | None):
-    """In-cluster config, or a kubeconfig (--kubeconfig, then KUBECONFIG, then ~/.kube/config)."""
+def api_client(kubeconfig: str | None, prefer_kubeconfig: bool = False):
+    """A Kubernetes API client from --kubeconfig; else in-cluster config, then KUBECONFIG or ~/.kube/config
+    (a command run by a person, `prefer_kubeconfig`, tries the kubeconfig before in-cluster config)."""
     import os
 
     from kubernetes import client, config
 
     if kubeconfig:
         return config.new_client_from_config(config_file=kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+
+    def in_cluster():
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
         return client.ApiClient(cfg)
-    return config.new_client_from_config()
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not prefer_kubeconfig:
+        return in_cluster()
+    try:
+        return config.new_client_from_config()
+    except config.ConfigException:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return in_cluster()
+        raise

@@ -1,0 +1,112 @@
+"""`dispatch-admission audit` (SPEC 8.2): list the cluster's runtimes and TrainJobs in pages and judge each
+with the webhook's own rules (`core.audit`). List calls only; nothing is written.
+
+Runtimes are few and held in memory (TrainJobs are judged against them); TrainJobs are listed in pages
+(`limit`/`continue`) and judged as they arrive, so 50,000 of them fit in bounded memory. A progress bar
+goes to stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import IO, Iterator
+
+from .core.admission import Admission
+from .core.audit import Finding, Verdict, judge_runtime, judge_trainjob
+from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex
+from .core.settings import Settings
+
+VERSION = "v1alpha1"
+PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes", "TrainJob": "trainjobs"}
+EXIT_OK, EXIT_FINDINGS = 0, 1
+
+
+class ClusterUnreadable(Exception):
+    """The cluster cannot be read (no kubeconfig, unreachable, forbidden): exit 2 with the reason."""
+
+
+def pages(api, kind: str, namespace: str | None, limit: int) -> Iterator[tuple[list[dict], int | None]]:
+    """(items, remaining count or None) per list call, following `continue` to the end."""
+    from kubernetes.client.exceptions import ApiException
+
+    token = None
+    while True:
+        kw = {"limit": limit, "_request_timeout": (5, 60)}
+        if token:
+            kw["_continue"] = token
+        try:
+            if namespace and kind != CLUSTER_KIND:
+                got = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], **kw)
+            else:
+                got = api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], **kw)
+        except ApiException as e:
+            raise ClusterUnreadable(f"list {PLURALS[kind]}: {e.status} {e.reason}") from None
+        except Exception as e:  # unreachable, TLS, timeouts
+            raise ClusterUnreadable(f"list {PLURALS[kind]}: {type(e).__name__}: {str(e)[:300]}") from None
+        meta = got.get("metadata") or {}
+        yield [dict(i, kind=i.get("kind") or kind) for i in got.get("items") or []], meta.get("remainingItemCount")
+        token = meta.get("continue")
+        if not token:
+            return
+
+
+class Report:
+    """Findings out as they come: table rows for those not ok, or a streamed JSON array of every one."""
+
+    def __init__(self, output: str, out: IO[str]):
+        self.output, self.out = output, out
+        self.counts: Counter = Counter()
+        self.first = True
+
+    def add(self, finding: Finding) -> None:
+        self.counts[finding.verdict.value] += 1
+        if self.output == "json":
+            self.out.write(("[\n" if self.first else ",\n") + json.dumps(finding.as_json()))
+            self.first = False
+        elif finding.verdict is not Verdict.OK:
+            where = f"{finding.namespace}/" if finding.namespace else ""
+            reasons = "; ".join(f"{r.sentinel.name}: {r.field}: {r.text}" for r in finding.causes)
+            self.out.write(f"{finding.verdict.value:<16} {finding.kind} {where}{finding.name}"
+                           + (f"  {reasons}" if reasons else "") + "\n")
+
+    def close(self) -> int:
+        if self.output == "json":
+            self.out.write("[]\n" if self.first else "\n]\n")
+        else:
+            total = sum(self.counts.values())
+            self.out.write(f"{total} objects: " + ", ".join(
+                f"{self.counts[v.value]} {v.value}" for v in Verdict if self.counts[v.value]) + "\n")
+        return EXIT_OK if self.counts[Verdict.OK.value] == sum(self.counts.values()) else EXIT_FINDINGS
+
+
+def run(settings: Settings, kubeconfig: str | None, namespace: str | None, output: str, limit: int,
+        out: IO[str], err: IO[str]) -> int:
+    from kubernetes import client
+
+    from .cluster import api_client
+
+    try:
+        api = client.CustomObjectsApi(api_client(kubeconfig, prefer_kubeconfig=True))
+    except Exception as e:
+        raise ClusterUnreadable(f"{type(e).__name__}: {str(e)[:300]}") from None
+    runtimes = [r for kind in (CLUSTER_KIND, NAMESPACED_KIND) for items, _ in pages(api, kind, namespace, limit)
+                for r in items]
+    admission = Admission(settings, RuntimeIndex(runtimes))
+    report = Report(output, out)
+    for rt in runtimes:
+        report.add(judge_runtime(admission, rt))
+    with _progress(err) as bar:
+        for items, remaining in pages(api, "TrainJob", namespace, limit):
+            if remaining is not None:
+                bar.total = bar.n + len(items) + remaining
+            for job in items:
+                report.add(judge_trainjob(admission, job))
+            bar.update(len(items))
+    return report.close()
+
+
+def _progress(err: IO[str]):
+    from tqdm import tqdm
+
+    return tqdm(desc="TrainJobs", unit="job", file=err, disable=not err.isatty(), leave=False)
