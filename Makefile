@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench clean
+.PHONY: install run test unit e2e toolchain wrk bench clean lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ unit: install wrk
 
 e2e: install toolchain
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+# Re-pins the image's Python dependencies (requirements/image.lock, with hashes) from pyproject.toml and
+# requirements/build.in; the Dockerfile installs exactly these. Needs the package index.
+lock: install
+	$(VENV)/bin/pip install --quiet 'pip-tools>=7.4'
+	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe \
+	  --strip-extras --no-emit-index-url --no-emit-find-links -o requirements/image.lock pyproject.toml requirements/build.in
 
 bench: install wrk
 	$(PY) bench/admission.py
