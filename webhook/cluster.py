@@ -13,7 +13,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable
+from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable, key_of
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,39 @@ ListFn = Callable[[str], tuple[list[dict], str]]
 WatchFn = Callable[[str, str], Iterable[dict]]
 
 
+class Readiness:
+    """dispatch_admission_runtime_ready from the watch cache (SPEC 8.3): 1 when the runtime can carry the
+    publish mount, 0 when TrainJobs naming it are refused; a deleted runtime's series goes away."""
+
+    def __init__(self, can_carry: Callable[[dict], bool]):
+        self.can_carry = can_carry
+
+    def put(self, obj: dict) -> None:
+        kind, namespace, name = key_of(obj)
+        try:
+            ready = self.can_carry(obj)
+        except Exception:  # a runtime the rules cannot read cannot carry the mount either
+            log.exception("judging runtime %s %s/%s", kind, namespace, name)
+            ready = False
+        metrics.set_runtime_ready(kind, namespace, name, ready)
+
+    def delete(self, obj: dict) -> None:
+        metrics.forget_runtime(*key_of(obj))
+
+    def replace(self, kind: str, objs: list[dict]) -> None:
+        metrics.forget_runtimes(kind)
+        for obj in objs:
+            self.put(obj)
+
+
 class Reflector:
     """List, then watch from the list's resourceVersion; relist on 410 Gone and, with backoff, on errors."""
 
     def __init__(self, kind: str, index: RuntimeIndex, list_fn: ListFn, watch_fn: WatchFn,
-                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None):
+                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None,
+                 readiness: Readiness | None = None):
         self.kind, self.index, self.list_fn, self.watch_fn, self.sleep = kind, index, list_fn, watch_fn, sleep
+        self.readiness = readiness
         self.backoff = backoff or Backoff()
         self.synced = threading.Event()
         self.stopped = threading.Event()
@@ -59,7 +86,10 @@ class Reflector:
             rounds = None if rounds is None else rounds - 1
             try:
                 items, version = self.list_fn(self.kind)
+                items = [dict(i, kind=i.get("kind") or self.kind) for i in items]  # list items may omit kind
                 self.index.replace(self.kind, items)
+                if self.readiness:
+                    self.readiness.replace(self.kind, items)
                 self.synced.set()
                 metrics.CACHE_SYNC.labels(self.kind).set_to_current_time()
                 metrics.CACHE_SIZE.labels(self.kind).set(len(items))
@@ -83,9 +113,15 @@ class Reflector:
                     raise RuntimeError(f"watch error: {obj.get('message', obj)}")
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if kind in ("ADDED", "MODIFIED"):
+                    obj = dict(obj, kind=obj.get("kind") or self.kind)
                     self.index.put(obj)
+                    if self.readiness:
+                        self.readiness.put(obj)
                 elif kind == "DELETED":
+                    obj = dict(obj, kind=obj.get("kind") or self.kind)
                     self.index.delete(obj)
+                    if self.readiness:
+                        self.readiness.delete(obj)
                 metrics.CACHE_SIZE.labels(self.kind).set(self.index.count(self.kind))
                 if self.stopped.is_set():
                     return
@@ -95,12 +131,13 @@ class Reflector:
 class ClusterRuntimes:
     """The RuntimeSource for a cluster: the watch cache, with one live read to confirm a miss."""
 
-    def __init__(self, api_client, start: bool = True):
+    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None):
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
         self.index = RuntimeIndex()
-        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch) for k in PLURALS}
+        readiness = Readiness(can_carry) if can_carry else None
+        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in PLURALS}
         if start:
             for r in self.reflectors.values():
                 threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
