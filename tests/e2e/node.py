@@ -263,8 +263,8 @@ def build_images(registry: Registry, workdir: Path) -> Images:
     return Images(
         pause=registry.push_layers("e2e/pause", [pause_layer], entrypoint=["/pause"], user="65535"),
         publish=registry.push_layers("dispatch/publish", [publish_layer]),
-        training=registry.push_layers("e2e/training", [shell], cmd=["/bin/sh"]),
-        copier=registry.push_layers("e2e/publish-copier", [shell, publish_layer],
+        training=registry.push_layers("e2e/training", [shell], cmd=["/bin/sh"], env={"PATH": "/bin"}),
+        copier=registry.push_layers("e2e/publish-copier", [shell, publish_layer], env={"PATH": "/bin"},
                                     cmd=["/bin/sh", "-c", 'cp /publish "$DISPATCH_PUBLISH_DEST/publish"']),
     )
 
@@ -506,9 +506,9 @@ state = "{base / 'state'}"
             "--kubeconfig", kubeconfig_for(cluster, "kcm", *kcm_cert),
             "--bind-address", "127.0.0.1", "--secure-port", str(kcm_port),
             "--service-account-private-key-file", cluster.sa_key, "--root-ca-file", cluster.ca_file,
-            "--use-service-account-credentials=false", "--leader-elect=false",
+            "--use-service-account-credentials=true", "--leader-elect=false",
             "--cluster-cidr", POD_CIDR, "--service-cluster-ip-range", SERVICE_CIDR, "--allocate-node-cidrs=false",
-            "--controllers", "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route",
+            "--controllers", "*",
             "--concurrent-job-syncs", "5", "--v", "1"])
         _wait("kube-controller-manager", lambda: _https_ok(f"https://127.0.0.1:{kcm_port}/healthz"), 90, proc,
               self.logs["kube-controller-manager"])
@@ -570,6 +570,9 @@ state = "{base / 'state'}"
     def stop(self) -> list[str]:
         """Stop everything in the notes' order and restore the host; returns problems met (also kept in
         self.problems)."""
+        if getattr(self, "_stopped", False):
+            return self.problems
+        self._stopped = True
         problems = self.problems
         cluster = getattr(self, "cluster", None)
         for name in ("jobset-controller-manager", "kube-controller-manager", "kube-scheduler"):

@@ -1,0 +1,433 @@
+"""Issue 11: the publish binary runs in real pods, on both routes, from a raw `kubectl apply` of a TrainJob.
+
+A one-node cluster (tests/e2e/node.py): containerd + runc + CNI + kubelet, the scheduler, the controller
+manager (the Job controller), kube-proxy, JobSet's controller, and Trainer v2.3.0's controller manager,
+with our webhook as two local processes registered by URL (route 1 and route 2, chosen by a label, as in
+conftest.py), whose settings name the publish image the harness built and pushed to the local registry.
+kubectl is the client throughout; the proof is read from the Pod objects, the pod logs and the TrainJob's
+conditions.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e import toolchain
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, webhook_configurations, webhooks_swapped
+from tests.e2e.node import Images, NodeCluster, start_node_cluster
+from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
+from tests.helpers import EXAMPLES, MANAGER
+from tests.process import stop, webhook_server
+
+NS = "team-a"
+CREDS_PATH = "/var/run/dispatch/creds"
+PUBLISH = "/opt/dispatch/publish"
+RUN_TIMEOUT = 240
+
+
+@dataclass
+class NodeEnv:
+    nc: NodeCluster
+    cluster: ControlPlane
+    images: Images
+    route1: Webhook
+    route2: Webhook
+    tmp: Path
+
+
+def _settings(tmp: Path, images: Images) -> tuple[Path, Path]:
+    """Route 1 and route 2 settings naming the publish image the harness pushed, by digest."""
+    base = {"manager": MANAGER}
+    route1 = {**base, "publish": {"image": images.publish, "via": "imageVolume"},
+              "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": CREDS_PATH}]}
+    route2 = {**base, "publish": {"image": images.publish, "via": "initContainer", "initContainer": "dispatch-publish"}}
+    paths = tmp / "route1.json", tmp / "route2.json"
+    for path, doc in zip(paths, (route1, route2)):
+        path.write_text(json.dumps(doc, indent=2))
+    return paths
+
+
+def _runtimes(images: Images) -> list[dict]:
+    """Trainer's stock torch runtime (its image replaced by the training image), an MPI runtime with a
+    launcher (examples/runtimes/mpi-launcher.yaml, modelled on Trainer's deepspeed runtime), the route 2
+    runtime whose init container copies the binary (examples/runtimes/torch-init.yaml) and one whose init
+    container copies nothing."""
+    torch = yaml.safe_load((toolchain.trainer_module() / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
+                           .read_text())
+    node_pod(torch)["containers"][0]["image"] = images.training
+
+    mpi = yaml.safe_load((EXAMPLES / "runtimes" / "mpi-launcher.yaml").read_text())
+    for rj in mpi["spec"]["template"]["spec"]["replicatedJobs"]:
+        container = rj["template"]["spec"]["template"]["spec"]["containers"][0]
+        container["image"] = images.training
+        if rj["name"] == "node":
+            # No sshd in the training image: the node runs the binary and the in-pod checks, then stays up
+            # (the launcher depends on it being ready) until JobSet's success policy ends it.
+            container["command"] = ["/bin/sh", "-c", f"{IN_POD_CHECKS}; exec sleep 3600"]
+            container.pop("args", None)
+
+    init = yaml.safe_load((EXAMPLES / "runtimes" / "torch-init.yaml").read_text())
+    pod = node_pod(init)
+    pod["initContainers"][0]["image"] = images.copier
+    pod["containers"][0]["image"] = images.training
+
+    empty = yaml.safe_load((EXAMPLES / "runtimes" / "torch-init.yaml").read_text())
+    empty["metadata"]["name"] = "torch-init-copies-nothing"
+    pod = node_pod(empty)
+    pod["initContainers"][0].update(image=images.training,
+                                    command=["/bin/sh", "-c", "echo dispatch-publish: this init container copies nothing"])
+    pod["containers"][0]["image"] = images.training
+    return [torch, mpi, init, empty]
+
+
+def node_pod(runtime: dict) -> dict:
+    return next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                if rj["name"] == "node")["template"]["spec"]["template"]["spec"]
+
+
+# Run in the node container after the binary: a write under /opt/dispatch must fail, the mount options and
+# the credentials are printed for the test to read back.
+IN_POD_CHECKS = (
+    f"{PUBLISH} \"$(hostname)\" --checkpoint s3://bucket/run && "
+    "if touch /opt/dispatch/written 2>/tmp/touch.err; then echo 'WRITE UNDER /opt/dispatch SUCCEEDED'; exit 3; "
+    "else echo \"write refused: $(cat /tmp/touch.err)\"; fi && "
+    "grep ' /opt/dispatch ' /proc/mounts | sed 's/^/mount: /' && "
+    f"if [ -d {CREDS_PATH} ]; then echo \"creds: $(cat {CREDS_PATH}/access-key)\"; else echo 'creds: none'; fi"
+)
+
+
+@pytest.fixture(scope="module")
+def node_env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("node")
+    with contextlib.ExitStack() as stack:
+        nc = start_node_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), _LOGS)
+        c = nc.cluster
+        for ns in (NS, "team-q"):
+            c.kubectl("create", "namespace", ns)
+        c.kubectl("create", "secret", "generic", "s3-credentials", "-n", NS, "--from-literal=access-key=e2e-access-key")
+        for doc in _runtimes(nc.images):
+            c.apply(doc)
+        c.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "team-a.yaml"))  # the namespaced runtimes R3, R5, R6 name
+        proc, port = _start_trainer(c, tmp)
+        stack.callback(stop, proc)
+        ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
+        for doc in _trainer_webhooks(port, ca):
+            c.apply(doc)
+        hooks = []
+        for name, settings in zip(("route1", "route2"), _settings(tmp, nc.images)):
+            url, ca_file, log, wproc = stack.enter_context(webhook_server(
+                tmp / name, "--settings", str(settings), "--kubeconfig", c.kubeconfig,
+                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+            _LOGS[f"webhook {name} (node)"] = log
+            hooks.append(Webhook(url, ca_file, log, wproc))
+        for doc in webhook_configurations(*hooks):
+            c.apply(doc)
+        yield NodeEnv(nc, c, nc.images, hooks[0], hooks[1], tmp)
+    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
+
+
+# ---- helpers ----
+
+def trainjob(name: str, runtime: str, command: list[str] | None = None, route2: bool = False, num_nodes=None,
+             suspend=None, namespace: str = NS) -> dict:
+    trainer: dict = {}
+    if command is not None:
+        trainer["command"] = command
+    if num_nodes is not None:
+        trainer["numNodes"] = num_nodes
+    spec: dict = {"runtimeRef": {"name": runtime}}
+    if trainer:
+        spec["trainer"] = trainer
+    if suspend is not None:
+        spec["suspend"] = suspend
+    meta: dict = {"name": name, "namespace": namespace}
+    if route2:
+        meta["labels"] = {ROUTE_LABEL: "2"}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}
+
+
+def condition(obj: dict, kind: str) -> dict | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def wait_finished(c: ControlPlane, name: str, timeout: float = RUN_TIMEOUT, namespace: str = NS) -> dict:
+    """Wait for the TrainJob's Complete or Failed condition; return the TrainJob."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = c.get("trainjob", name, namespace)
+        for kind in ("Complete", "Failed"):
+            cond = condition(job or {}, kind)
+            if cond and cond["status"] == "True":
+                return job
+        if time.monotonic() > deadline:
+            pods = c.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+            events = c.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+            raise AssertionError(f"TrainJob {name} did not finish in {timeout:.0f}s: "
+                                 f"{json.dumps((job or {}).get('status'))}\n{pods}\n{events[-6000:]}")
+        time.sleep(1)
+
+
+def assert_complete(c: ControlPlane, name: str) -> dict:
+    job = wait_finished(c, name)
+    cond = condition(job, "Complete")
+    assert cond and cond["status"] == "True", f"TrainJob {name} failed: {json.dumps(job.get('status'))}\n" + \
+        c.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
+    return job
+
+
+def pods_of(c: ControlPlane, name: str, namespace: str = NS) -> list[dict]:
+    got = c.kubectl("get", "pods", "-n", namespace, "-l", f"jobset.sigs.k8s.io/jobset-name={name}", "-o", "json")
+    return json.loads(got.stdout)["items"]
+
+
+def logs(c: ControlPlane, pod: dict, container: str = "node") -> str:
+    return c.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "-c", container).stdout
+
+
+def entry(job: dict) -> dict | None:
+    return next((e for e in job["spec"].get("runtimePatches", []) if e.get("manager") == MANAGER), None)
+
+
+def dispatch_mounts(pod: dict) -> list[tuple[str, str, dict]]:
+    """Every mount at or under /opt/dispatch in the Pod object: (list, container, mount)."""
+    found = []
+    for lst in ("initContainers", "containers"):
+        for ctr in pod["spec"].get(lst, []):
+            for m in ctr.get("volumeMounts", []):
+                path = m["mountPath"].rstrip("/")
+                if path == "/opt/dispatch" or path.startswith("/opt/dispatch/"):
+                    found.append((lst, ctr["name"], m))
+    return found
+
+
+def assert_only_our_mount(pod: dict, images: Images, route: int) -> None:
+    """The Pod carries nothing under /opt/dispatch but our entry's mount: read-only on node containers;
+    route 1 an image volume pinned to the publish digest, route 2 the emptyDir its init container fills."""
+    name = pod["metadata"]["name"]
+    mounts = dispatch_mounts(pod)
+    assert mounts, f"{name}: no mount under /opt/dispatch"
+    for lst, ctr, m in mounts:
+        assert m["name"] == "dispatch-publish" and m["mountPath"] == "/opt/dispatch" and not m.get("subPath"), \
+            f"{name}/{ctr}: a mount under /opt/dispatch that is not ours: {m}"
+        if lst == "containers":
+            assert ctr == "node" and m.get("readOnly") is True, f"{name}/{ctr}: {m}"
+        else:
+            assert route == 2 and ctr == "dispatch-publish", f"{name}: init container {ctr} mounts {m}"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "dispatch-publish")
+    if route == 1:
+        assert volume == {"name": "dispatch-publish", "image": {"reference": images.publish, "pullPolicy": "IfNotPresent"}}
+    else:
+        assert volume == {"name": "dispatch-publish", "emptyDir": {}}
+
+
+def assert_in_pod_checks(text: str, creds: bool = True) -> None:
+    assert f"publish ran from {PUBLISH}" in text, text
+    assert "write refused:" in text and "Read-only file system" in text, text
+    mount = next(line for line in text.splitlines() if line.startswith("mount: "))
+    options = mount.split()[4].split(",")
+    assert "ro" in options and "noexec" not in options, mount
+    assert ("creds: e2e-access-key" if creds else "creds: none") in text, text
+
+
+# ---- 1. route 1 ----
+
+def test_route1_torch_two_nodes_runs_the_binary_from_the_image_volume(node_env):
+    c = node_env.cluster
+    got = c.apply(trainjob("r1-torch", "torch-distributed", ["/bin/sh", "-c", IN_POD_CHECKS], num_nodes=2))
+    assert "created" in got.stdout
+    job = assert_complete(c, "r1-torch")
+    assert entry(job) is not None
+    pods = pods_of(c, "r1-torch")
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == "dispatch-e2e-node"
+        assert pod["status"]["phase"] == "Succeeded"
+        assert_only_our_mount(pod, node_env.images, 1)
+        assert_in_pod_checks(logs(c, pod))
+    nnodes = sorted(e["value"] for p in pods for e in next(x for x in p["spec"]["containers"] if x["name"] == "node")
+                    .get("env", []) if e["name"] == "PET_NNODES")
+    assert nnodes == ["2", "2"], "Trainer's torch plugin set up two nodes"
+
+
+def test_route1_mpi_launcher_and_node_both_run_the_binary(node_env):
+    c = node_env.cluster
+    c.apply(trainjob("r1-mpi", "mpi-launcher", [PUBLISH, "mpi-launcher", "--ranks", "2"]))
+    assert_complete(c, "r1-mpi")
+    pods = {p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"]: p for p in pods_of(c, "r1-mpi")}
+    assert {"launcher", "node"} <= set(pods)
+    for pod in pods.values():
+        assert_only_our_mount(pod, node_env.images, 1)
+    launcher = logs(c, pods["launcher"])
+    assert f"publish ran from {PUBLISH}" in launcher and "publish args: mpi-launcher --ranks 2" in launcher
+    assert_in_pod_checks(logs(c, pods["node"]))
+
+
+# ---- 2. route 2 ----
+
+def test_route2_init_container_copies_the_binary_and_the_node_runs_it(node_env):
+    c = node_env.cluster
+    c.apply(trainjob("r2-init", "torch-init", ["/bin/sh", "-c", IN_POD_CHECKS], route2=True))
+    assert_complete(c, "r2-init")
+    [pod] = pods_of(c, "r2-init")
+    assert_only_our_mount(pod, node_env.images, 2)
+    init = next(s for s in pod["status"]["initContainerStatuses"] if s["name"] == "dispatch-publish")
+    assert init["state"]["terminated"]["exitCode"] == 0
+    assert node_env.images.copier.split("@")[1] in init["imageID"], init
+    assert_in_pod_checks(logs(c, pod), creds=False)
+
+
+def test_route2_init_container_that_copies_nothing_fails_the_node_with_not_found(node_env):
+    c = node_env.cluster
+    got = c.apply(trainjob("r2-empty", "torch-init-copies-nothing", [PUBLISH, "never-runs"], route2=True))
+    assert "created" in got.stdout
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        pods = pods_of(c, "r2-empty")
+        states = [s for p in pods for s in p.get("status", {}).get("containerStatuses", []) if s["name"] == "node"]
+        failed = [s for s in states if s.get("state", {}).get("terminated") or s.get("lastState", {}).get("terminated")]
+        if failed:
+            break
+        assert time.monotonic() < deadline, f"the node container never failed: {json.dumps(states)}"
+        time.sleep(1)
+    term = failed[0]["state"].get("terminated") or failed[0]["lastState"]["terminated"]
+    message = term.get("message", "")
+    print(f"what a user sees when route 2's init container copies nothing: reason={term.get('reason')} "
+          f"exitCode={term.get('exitCode')} message={message!r}")
+    assert term["exitCode"] != 0
+    assert PUBLISH in message and ("not found" in message or "no such file or directory" in message), term
+    init_log = logs(c, pods[0], "dispatch-publish")
+    assert "copies nothing" in init_log
+    job = wait_finished(c, "r2-empty")
+    print(f"TrainJob conditions: {json.dumps(job['status'].get('conditions'))}")
+    assert condition(job, "Failed")["status"] == "True"
+
+
+# ---- 3. refused jobs run nothing ----
+
+def refused_examples() -> list[Path]:
+    return sorted((EXAMPLES / "trainjobs").glob("refused-*.yaml"))
+
+
+def assert_nothing_behind(c: ControlPlane, name: str, namespace: str = NS) -> None:
+    assert c.get("trainjob", name, namespace) is None
+    for kind in ("jobsets", "jobs", "pods"):
+        got = c.kubectl("get", kind, "-n", namespace, "-o", "json")
+        owned = [o["metadata"]["name"] for o in json.loads(got.stdout)["items"]
+                 if o["metadata"]["name"].startswith(name + "-") or o["metadata"]["name"] == name
+                 or o["metadata"].get("labels", {}).get("jobset.sigs.k8s.io/jobset-name") == name]
+        assert owned == [], f"{kind} left by refused {name}: {owned}"
+
+
+@pytest.mark.parametrize("example", refused_examples(), ids=lambda p: p.stem)
+def test_refused_trainjob_leaves_no_jobset_job_or_pod(node_env, example):
+    c = node_env.cluster
+    doc = yaml.safe_load(example.read_text())
+    if "route2" in example.read_text() or "-r4-" in example.name:
+        doc["metadata"].setdefault("labels", {})[ROUTE_LABEL] = "2"
+    got = c.apply(doc, check=False)
+    assert got.returncode != 0 and "denied the request" in got.stderr, got.stdout + got.stderr
+    assert_nothing_behind(c, doc["metadata"]["name"], doc["metadata"].get("namespace", NS))
+
+
+def test_route2_job_on_a_runtime_without_the_init_container_is_refused_before_it_holds_quota(node_env):
+    c = node_env.cluster
+    c.apply({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "training", "namespace": "team-q"},
+             "spec": {"hard": {"count/trainjobs.trainer.kubeflow.org": "2", "count/jobsets.jobset.x-k8s.io": "2",
+                               "pods": "4"}}})
+
+    def used():
+        q = c.get("resourcequota", "training", "team-q")
+        return q.get("status", {}).get("used")
+
+    deadline = time.monotonic() + 60
+    while used() is None:
+        assert time.monotonic() < deadline, "the quota controller never computed usage"
+        time.sleep(0.5)
+    got = c.apply(trainjob("r4-quota", "torch-distributed", [PUBLISH], route2=True, namespace="team-q"), check=False)
+    assert got.returncode != 0 and "ErrUnsupported" in got.stderr and "dispatch-publish" in got.stderr, got.stderr
+    assert_nothing_behind(c, "r4-quota", "team-q")
+    assert used() == {"count/trainjobs.trainer.kubeflow.org": "0", "count/jobsets.jobset.x-k8s.io": "0", "pods": "0"}
+
+
+# ---- 4. SPEC 6.3: admitted suspended, edited, resumed ----
+
+def test_spec_6_3_admitted_suspended_edited_and_resumed_runs_with_its_entry(node_env):
+    c = node_env.cluster
+    c.apply(trainjob("suspended", "torch-distributed", ["/bin/sh", "-c", IN_POD_CHECKS + "; echo \"edited=$EDITED\""],
+                     suspend=True))
+    admitted = entry(c.get("trainjob", "suspended", NS))
+    assert admitted is not None, "the entry is added when the job is created suspended"
+    assert pods_of(c, "suspended") == []
+    c.kubectl("patch", "trainjob", "suspended", "-n", NS, "--type=merge", "-p",
+              json.dumps({"spec": {"trainer": {"env": [{"name": "EDITED", "value": "yes"}]}}}))
+    c.kubectl("label", "trainjob", "suspended", "-n", NS, "edited=yes")
+    assert entry(c.get("trainjob", "suspended", NS)) == admitted
+    c.kubectl("patch", "trainjob", "suspended", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    job = assert_complete(c, "suspended")
+    assert entry(job) == admitted, "the entry it was admitted with, unchanged"
+    [pod] = pods_of(c, "suspended")
+    assert_only_our_mount(pod, node_env.images, 1)
+    text = logs(c, pod)
+    assert_in_pod_checks(text)
+    assert "edited=yes" in text
+
+
+# ---- SPEC 6.3 (issue 14 item 2): suspending a running job that predates the webhook ----
+
+def test_spec_6_3_running_pre_webhook_job_can_be_suspended_and_gets_the_entry_on_resume(node_env):
+    c = node_env.cluster
+    script = f"if [ -x {PUBLISH} ]; then exec {PUBLISH} resumed; fi; echo 'no publish binary yet'; exec sleep 600"
+    with webhooks_swapped(c, [node_env.route1, node_env.route2], None):
+        c.apply(trainjob("pre-webhook", "torch-distributed", ["/bin/sh", "-c", script]))
+    assert entry(c.get("trainjob", "pre-webhook", NS)) is None
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        jobs = json.loads(c.kubectl("get", "jobs", "-n", NS, "-l", "jobset.sigs.k8s.io/jobset-name=pre-webhook",
+                                    "-o", "json").stdout)["items"]
+        running = [p for p in pods_of(c, "pre-webhook") if p["status"].get("phase") == "Running"]
+        if any(j["status"].get("active", 0) > 0 for j in jobs) and running:
+            break
+        assert time.monotonic() < deadline, f"the node job never had an active, running pod: {jobs}"
+        time.sleep(1)
+    # The suspend of a running job: Trainer's webhook refuses any runtimePatches change while the node job is
+    # active, so ours must not add the entry to this update.
+    got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}',
+                    check=False)
+    assert got.returncode == 0, f"suspending the running pre-webhook job was refused:\n{got.stderr}"
+    assert entry(c.get("trainjob", "pre-webhook", NS)) is None, "no entry is added to the update that suspends"
+    got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}',
+                    check=False)
+    assert got.returncode == 0, got.stderr
+    assert entry(c.get("trainjob", "pre-webhook", NS)) is not None, "the resume (old object suspended) gets the entry"
+    js = c.get("jobset", "pre-webhook", NS)
+    deadline = time.monotonic() + 60
+    while not any(v["name"] == "dispatch-publish" for rj in js["spec"]["replicatedJobs"]
+                  for v in rj["template"]["spec"]["template"]["spec"].get("volumes", [])):
+        assert time.monotonic() < deadline, "the resumed JobSet has no publish volume"
+        time.sleep(1)
+        js = c.get("jobset", "pre-webhook", NS)
+
+
+# ---- 5. what the Pods carry ----
+
+def test_pods_carry_nothing_under_opt_dispatch_but_our_mount(node_env):
+    """Every Pod Trainer and JobSet created in this module (read from the Pod objects, not the templates)."""
+    c = node_env.cluster
+    pods = json.loads(c.kubectl("get", "pods", "-A", "-l", "jobset.sigs.k8s.io/jobset-name", "-o", "json").stdout)["items"]
+    names = {p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] for p in pods}
+    assert {"r1-torch", "r1-mpi", "r2-init", "r2-empty", "suspended"} <= names, names
+    for pod in pods:
+        job = pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
+        if job == "pre-webhook" and not dispatch_mounts(pod):
+            continue  # started before the webhook existed: nothing under /opt/dispatch at all
+        route = 2 if job.startswith("r2-") else 1
+        assert_only_our_mount(pod, node_env.images, route)
