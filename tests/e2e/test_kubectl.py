@@ -30,9 +30,7 @@ def expected_entry(settings_file: str, runtime_file: str, runtime_name: str, tim
     settings = load(str(EXAMPLES / "settings" / settings_file))
     docs = [d for d in yaml.safe_load_all((EXAMPLES / "runtimes" / runtime_file).read_text()) if d]
     runtime = next(d for d in docs if d["metadata"]["name"] == runtime_name)
-    from webhook.core.errors import Reasons
-
-    return patch.build_entry(settings, rules.target_jobs(runtime, Reasons()), time_text)
+    return patch.Entry.build(settings, rules.runtime_facts(runtime, settings).targets).as_dict(time_text)
 
 
 def refused(env, job, *flags):
