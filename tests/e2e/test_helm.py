@@ -1,14 +1,25 @@
-"""The Helm chart: lint and template in every mode, then install, self-managed certificates and
-uninstall against the end-to-end API server. helm is built from its Go module like the API server."""
+"""The Helm chart: lint and template in every mode, the values schema, every value rendered; then install,
+self-managed certificates, the helm test and pre-delete hooks' scripts and uninstall against the end-to-end
+API server. helm is built from its Go module like the API server."""
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
+import copy
 import json
+import os
+import re
+import shutil
 import socket
 import ssl
 import subprocess
+import sys
+import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 import yaml
@@ -18,10 +29,16 @@ from cryptography.hazmat.primitives import serialization
 from webhook.core import images, settings as settings_mod
 from tests.e2e import toolchain
 from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
-from tests.process import free_port, webhook_server
+from tests.process import free_port, stop, webhook_server
 
 CHART = ROOT / "charts" / "dispatch-admission"
 HELM_LABEL = "dispatch-e2e/helm"
+SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"  # the session's own webhooks then leave a TrainJob alone
+NS = "dispatch-system"
+FULL = "rel-dispatch-admission"
+WEBHOOK_IMAGE = "registry.example/dispatch-admission"
+BASE = {"image": {"repository": WEBHOOK_IMAGE}}
+PEM = ("-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ2E=\n-----END CERTIFICATE-----\n")
 
 VALUE_SETS = {
     "default": {},
@@ -31,8 +48,31 @@ VALUE_SETS = {
     "credentials": {"publish": {"image": IMAGE}, "credentials": [
         {"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}],
         "metrics": {"serviceMonitor": {"enabled": True}},
-        "networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}},
+        "networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"],
+                          "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}},
+    "warn": {"publish": {"image": IMAGE}, "enforcement": "warn"},
+    "single-replica": {"publish": {"image": IMAGE}, "replicaCount": 1},
+    "monitoring": {"publish": {"image": IMAGE}, "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+                   "grafanaDashboard": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}}},
+    "client-ca": {"publish": {"image": IMAGE}, "clientCA": {"pem": PEM}},
+    "openshift": {"publish": {"image": IMAGE},
+                  "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None}},
+    "no-rbac": {"publish": {"image": IMAGE}, "rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}},
 }
+
+
+def merged(*layers: dict) -> dict:
+    out: dict = {}
+    for layer in layers:
+        out = _merge(out, layer)
+    return out
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else copy.deepcopy(v)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -43,98 +83,538 @@ def helm():
 def run_helm(helm, *args, values: dict | None = None, tmp=None, check=True, kubeconfig=None):
     cmd = [helm, *args]
     if values is not None:
-        path = tmp / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
-        path.write_text(yaml.safe_dump(values))
-        cmd += ["-f", str(path)]
+        with tempfile.NamedTemporaryFile("w", dir=tmp, prefix="values-", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(values, f)
+        cmd += ["-f", f.name]
     if kubeconfig:
         cmd += ["--kubeconfig", kubeconfig]
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if check and got.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)}:\n{got.stdout}\n{got.stderr}")
     return got
 
 
-def rendered(helm, tmp, values) -> dict[tuple[str, str], dict]:
-    out = run_helm(helm, "template", "rel", str(CHART), "--namespace", "dispatch-system", values=values, tmp=tmp).stdout
+def template(helm, tmp, values, check=True, chart=CHART):
+    return run_helm(helm, "template", "rel", str(chart), "--namespace", NS, values=values, tmp=tmp, check=check)
+
+
+def rendered(helm, tmp, values, chart=CHART) -> dict[tuple[str, str], dict]:
+    out = template(helm, tmp, merged(BASE, values), chart=chart).stdout
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+
+
+def webhook_pod(docs) -> dict:
+    return docs[("Deployment", FULL)]["spec"]["template"]
+
+
+def args_of(docs) -> list[str]:
+    return webhook_pod(docs)["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_lint_and_template(helm, tmp_path, name):
-    values = VALUE_SETS[name]
+    values = merged(BASE, VALUE_SETS[name])
     run_helm(helm, "lint", "--strict", str(CHART), values=values, tmp=tmp_path)
     docs = rendered(helm, tmp_path, values)
     kinds = {k for k, _ in docs}
-    assert {"Deployment", "Service", "ConfigMap", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-            "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget", "ServiceAccount"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
+    assert ("PodDisruptionBudget" in kinds) == (name != "single-replica")
+    assert ({"ClusterRole", "ClusterRoleBinding"} <= kinds) == (name != "no-rbac")
+    assert ("ServiceAccount", FULL) in docs if name != "no-rbac" else ("ServiceAccount", FULL) not in docs
     # The settings the chart renders are settings the webhook accepts.
-    cm = docs[("ConfigMap", "rel-dispatch-admission-settings")]
+    cm = docs[("ConfigMap", f"{FULL}-settings")]
     parsed = settings_mod.parse(cm["data"]["settings.json"])
     assert (parsed.publish is not None) == ("publish" in values)
     if name == "route2":
         assert parsed.publish.via == "initContainer"
-    mutating = docs[("MutatingWebhookConfiguration", "rel-dispatch-admission")]["webhooks"][0]
-    validating = docs[("ValidatingWebhookConfiguration", "rel-dispatch-admission")]["webhooks"][0]
+    mutating = docs[("MutatingWebhookConfiguration", FULL)]["webhooks"][0]
+    validating = docs[("ValidatingWebhookConfiguration", FULL)]["webhooks"][0]
     assert mutating["failurePolicy"] == "Ignore" and validating["failurePolicy"] == "Fail"
     assert mutating["reinvocationPolicy"] == "IfNeeded" and mutating["sideEffects"] == "None"
     assert mutating["admissionReviewVersions"] == ["v1"]
     excluded = mutating["namespaceSelector"]["matchExpressions"][0]["values"]
-    assert "kube-system" in excluded and "dispatch-system" in excluded
+    assert "kube-system" in excluded and NS in excluded
     assert mutating["rules"][0]["resources"] == ["trainjobs"] and mutating["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    runtimes = docs[("ValidatingWebhookConfiguration", f"{FULL}-runtimes")]["webhooks"]
+    assert [w["clientConfig"]["service"]["path"] for w in runtimes] == ["/runtimes"]
+    args = args_of(docs)
+    assert f"--enforcement={values.get('enforcement', 'enforce')}" in args
     if name == "cert-manager":
-        assert ("Certificate", "rel-dispatch-admission") in docs
-        assert docs[("MutatingWebhookConfiguration", "rel-dispatch-admission")]["metadata"]["annotations"][
-            "cert-manager.io/inject-ca-from"] == "dispatch-system/rel-dispatch-admission"
-        assert ("Role", "rel-dispatch-admission-tls") not in docs
+        assert ("Certificate", FULL) in docs
+        for kind, cfg in (("MutatingWebhookConfiguration", FULL), ("ValidatingWebhookConfiguration", FULL),
+                          ("ValidatingWebhookConfiguration", f"{FULL}-runtimes")):
+            assert docs[(kind, cfg)]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NS}/{FULL}"
+        assert ("Role", f"{FULL}-tls") not in docs
+        assert not any(a.startswith(("--tls-secret", "--webhook-configuration")) for a in args)
     else:
-        assert ("Secret", "rel-dispatch-admission-tls") in docs and "data" not in docs[("Secret", "rel-dispatch-admission-tls")]
+        assert ("Secret", f"{FULL}-tls") in docs and "data" not in docs[("Secret", f"{FULL}-tls")]
+        assert f"--webhook-configuration={FULL}" in args
+    if name in ("credentials", "monitoring"):
+        assert ("ServiceMonitor", FULL) in docs
     if name == "credentials":
-        assert ("ServiceMonitor", "rel-dispatch-admission") in docs and ("NetworkPolicy", "rel-dispatch-admission") in docs
+        assert ("NetworkPolicy", FULL) in docs
+    if name == "monitoring":
+        assert ("PrometheusRule", FULL) in docs and ("ConfigMap", f"{FULL}-dashboard") in docs
+
+
+def test_image_repository_is_required(helm, tmp_path):
+    got = template(helm, tmp_path, {"publish": {"image": IMAGE}}, check=False)
+    assert got.returncode != 0
+    assert "image.repository is required" in got.stderr, got.stderr
+    dep = rendered(helm, tmp_path, {"image": {"digest": "sha256:" + "b" * 64}})[("Deployment", FULL)]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"{WEBHOOK_IMAGE}@sha256:{'b' * 64}"
+
+
+def test_lint_with_default_values_reports_the_missing_repository(helm, tmp_path):
+    # helm lint renders `required` failures as [INFO] only; install and template refuse them (above).
+    got = run_helm(helm, "lint", "--strict", str(CHART), check=False)
+    assert "image.repository is required" in got.stdout + got.stderr
+
+
+@pytest.mark.parametrize("typo", [
+    {"webhok": {"timeoutSeconds": 5}},
+    {"webhook": {"timeoutSecond": 5}},
+    {"webhook": {"runtimes": {"enable": False}}},
+    {"image": {"repo": "x"}},
+    {"podSecurityContext": {"runAsUsr": 1000}},
+    {"containerSecurityContext": {"readOnlyRootFileSystem": True}},
+    {"probes": {"readiness": {"periodSecond": 3}}},
+    {"prometheusRule": {"alerts": {"slowReview": {"enabled": False}}}},
+    {"prometheusRule": {"alerts": {"slowReviews": {"threshold": 3}}}},
+    {"tests": {"runtimeRef": {"nmae": "x"}}},
+    {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule", "labelSelectr": {}}]},
+    {"affinity": {"podAntiAfinity": {}}},
+    {"metrics": {"serviceMonitor": {"enable": True}}},
+    {"networkPolicy": {"metricsFrom": [{"namespaceSelctor": {}}]}},
+    {"preUninstall": {"deleteWebhookConfiguration": False}},
+])
+def test_values_schema_refuses_typos(helm, tmp_path, typo):
+    got = template(helm, tmp_path, merged(BASE, typo), check=False)
+    assert got.returncode != 0 and "additional properties" in got.stderr, got.stderr
+
+
+def _objects(node, path="$"):
+    if isinstance(node, dict):
+        if node.get("type") == "object" or (isinstance(node.get("type"), list) and "object" in node["type"]):
+            yield path, node
+        for k, v in node.items():
+            yield from _objects(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _objects(v, f"{path}[{i}]")
+
+
+# Kubernetes' own deep structures the schema hands to the API server's validation (at install) rather than copy.
+OPEN_OBJECTS = {"$.properties.global", "$.properties.affinity.properties.nodeAffinity.properties."
+                "requiredDuringSchedulingIgnoredDuringExecution.properties.nodeSelectorTerms.items"}
+
+
+def test_values_schema_closes_every_object():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    for path, node in _objects(schema):
+        extra = node.get("additionalProperties")
+        if path in OPEN_OBJECTS or path.endswith("DuringExecution.items"):
+            continue
+        # Closed (false), or a map whose values have a schema of their own (labels, resource quantities).
+        assert extra is False or isinstance(extra, dict), f"{path} accepts unknown keys"
+        if extra is False:
+            assert "properties" in node, path
+
+
+def _leaves(node, prefix=""):
+    for k, v in node.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, path + ".")
+        else:
+            yield path, v
+
+
+def _set(values: dict, path: str, value) -> dict:
+    out = copy.deepcopy(values)
+    node = out
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return out
+
+
+# Values that only act together with others: the context a change of the leaf is rendered in.
+CM = {"certificates": {"certManager": {"enabled": True}}}
+CONTEXTS = {
+    "publish.via": {"publish": {"image": IMAGE}},
+    "publish.initContainer": {"publish": {"image": IMAGE, "via": "initContainer"}},
+    "clientCA.key": {"clientCA": {"existingConfigMap": "api-ca"}},
+    "certificates.certManager.": CM,
+    "metrics.serviceMonitor.": {"metrics": {"serviceMonitor": {"enabled": True}}},
+    "networkPolicy.": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}},
+    "prometheusRule.": {"prometheusRule": {"enabled": True}},
+    "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
+    "podDisruptionBudget.minAvailable": {"replicaCount": 3},
+    "podAntiAffinity": {},
+}
+PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+CHANGES = {
+    "nameOverride": "other",
+    "fullnameOverride": "custom",
+    "manager": "example.com/publish",
+    "publish.image": IMAGE,
+    "publish.via": "initContainer",
+    "publish.initContainer": "my-init",
+    "credentials": [{"name": "c", "secret": "s", "mountPath": "/creds"}],
+    "enforcement": "warn",
+    "image.repository": "registry.example/other",
+    "image.tag": "v9",
+    "image.digest": "sha256:" + "b" * 64,
+    "image.pullPolicy": "Always",
+    "imagePullSecrets": [{"name": "pull"}],
+    "logLevel": "debug",
+    "webhook.mutating.failurePolicy": "Fail",
+    "webhook.validating.failurePolicy": "Ignore",
+    "webhook.excludeNamespaces": ["skipped"],
+    "webhook.objectSelector": {"matchLabels": {"a": "b"}},
+    "webhook.url": "https://127.0.0.1:9443",
+    "webhook.caBundle": "QUJD",
+    "clientCA.pem": PEM,
+    "clientCA.existingConfigMap": "api-ca",
+    "clientCA.key": "front-proxy.crt",
+    "certificates.secretName": "my-tls",
+    "certificates.certManager.issuerRef": {"name": "ca", "kind": "ClusterIssuer"},
+    "certificates.certManager.duration": "2160h",
+    "certificates.certManager.renewBefore": "360h",
+    "metrics.serviceMonitor.interval": "15s",
+    "metrics.serviceMonitor.labels": {"release": "kps"},
+    "resources.requests.cpu": "200m",
+    "resources.requests.memory": "64Mi",
+    "resources.limits.memory": "1Gi",
+    "podDisruptionBudget.minAvailable": 2,
+    "podAntiAffinity": "hard",
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "priorityClassName": "",
+    "podAnnotations": {"example.com/a": "b"},
+    "podLabels": {"team": "ml"},
+    "podSecurityContext.seccompProfile.type": "Unconfined",
+    "containerSecurityContext.capabilities.drop": ["NET_RAW"],
+    "containerSecurityContext.seccompProfile.type": "Unconfined",
+    "serviceAccount.name": "mine",
+    "serviceAccount.annotations": {"example.com/role": "x"},
+    "networkPolicy.apiServerCIDRs": ["192.168.0.0/16"],
+    "networkPolicy.extraFrom": PEER,
+    "networkPolicy.metricsFrom": PEER,
+    "prometheusRule.labels": {"release": "kps"},
+    "prometheusRule.selector": 'service="x"',
+    "prometheusRule.kubeStateMetricsSelector": 'job="kube-state-metrics"',
+    "grafanaDashboard.namespace": "monitoring",
+    "grafanaDashboard.labels.grafana_dashboard": "yes",
+    "grafanaDashboard.annotations": {"grafana_folder": "ML"},
+    "tests.namespace": "team-a",
+    "tests.runtimeRef.name": "other-runtime",
+    "tests.runtimeRef.kind": "TrainingRuntime",
+    "tests.labels": {"team": "ml"},
+    "hooks.resources.requests.cpu": "20m",
+    "hooks.resources.requests.memory": "48Mi",
+    "hooks.resources.limits.memory": "128Mi",
+}
+
+
+def _change(path: str, default):
+    if path in CHANGES:
+        return CHANGES[path]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 1
+    if path.endswith(".for"):
+        return "7m"
+    if path.endswith(".severity"):
+        return "page"
+    raise AssertionError(f"no change defined for value {path}: add one to CHANGES")
+
+
+def _context(path: str) -> dict:
+    for prefix, ctx in CONTEXTS.items():
+        if path == prefix or (prefix.endswith(".") and path.startswith(prefix)):
+            return ctx
+    return {}
+
+
+def test_every_value_is_rendered(helm, tmp_path):
+    """Each value in values.yaml changes what the chart renders (in the context it acts in): no value is ignored."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    leaves = list(_leaves(defaults))
+    assert len(leaves) > 100
+
+    def check(leaf):
+        path, default = leaf
+        context = merged(BASE, _context(path))
+        node = context
+        for part in path.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        current = default if node == {} else node  # the context's own value, where it sets this one
+        changed = _set(context, path, _change(path, current))
+        before = template(helm, tmp_path, context).stdout
+        after = template(helm, tmp_path, changed, check=False)
+        if after.returncode != 0:
+            return f"{path}: {after.stderr.strip()}"
+        return None if after.stdout != before else f"{path}: changing it to {_change(path, current)!r} renders nothing different"
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        problems = [p for p in pool.map(check, leaves) if p]
+    assert not problems, "\n".join(problems)
+
+
+def test_changes_table_names_only_real_values():
+    paths = {p for p, _ in _leaves(yaml.safe_load((CHART / "values.yaml").read_text()))}
+    assert set(CHANGES) <= paths
+
+
+def test_log_level_client_ca_and_enforcement_reach_serve(helm, tmp_path):
+    docs = rendered(helm, tmp_path, {"logLevel": "debug", "enforcement": "warn", "clientCA": {"pem": PEM}})
+    args = args_of(docs)
+    assert {"--log-level=debug", "--enforcement=warn", "--client-ca=/etc/dispatch-admission/client-ca/ca.crt",
+            "--metrics-bind=0.0.0.0:8080", "--bind=0.0.0.0:8443"} <= set(args)
+    assert docs[("ConfigMap", f"{FULL}-client-ca")]["data"]["ca.crt"].strip() == PEM.strip()
+    pod = webhook_pod(docs)
+    assert "checksum/client-ca" in pod["metadata"]["annotations"]
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["client-ca"] == {"name": "client-ca", "mountPath": "/etc/dispatch-admission/client-ca", "readOnly": True}
+    # The TLS port then wants a client certificate the kubelet has not got: the probes use the metrics port.
+    c = pod["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics" and c[probe]["httpGet"]["scheme"] == "HTTP"
+    existing = rendered(helm, tmp_path, {"clientCA": {"existingConfigMap": "api-ca", "key": "front.crt"}})
+    assert ("ConfigMap", f"{FULL}-client-ca") not in existing
+    assert "--client-ca=/etc/dispatch-admission/client-ca/front.crt" in args_of(existing)
+    plain = args_of(rendered(helm, tmp_path, {}))
+    assert not any(a.startswith("--client-ca") for a in plain)
 
 
 def test_deployment_is_hardened(helm, tmp_path):
-    dep = rendered(helm, tmp_path, VALUE_SETS["route1"])[("Deployment", "rel-dispatch-admission")]
+    dep = rendered(helm, tmp_path, VALUE_SETS["route1"])[("Deployment", FULL)]
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert dep["spec"]["replicas"] == 2
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault" and psc["runAsUser"] == 65532
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsNonRoot"] is True
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["periodSeconds"] == 5
+    assert pod["priorityClassName"] == "system-cluster-critical"
     assert "podAntiAffinity" in pod["affinity"] and c["resources"]["requests"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["settings"]["readOnly"] is True
 
 
+def test_openshift_can_drop_the_fixed_ids(helm, tmp_path):
+    docs = rendered(helm, tmp_path, VALUE_SETS["openshift"])
+    for pod in (webhook_pod(docs)["spec"], docs[("Pod", f"{FULL}-test")]["spec"],
+                docs[("Job", f"{FULL}-pre-delete")]["spec"]["template"]["spec"]):
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_scheduling_values(helm, tmp_path):
+    tsc = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+           {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"tier": "webhook"}}}]
+    affinity = CHANGES["affinity"]
+    pod = webhook_pod(rendered(helm, tmp_path, {"topologySpreadConstraints": tsc, "affinity": affinity}))["spec"]
+    assert pod["affinity"] == affinity  # the raw affinity replaces the anti-affinity preset
+    got = pod["topologySpreadConstraints"]
+    assert got[0]["labelSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dispatch-admission",
+                                                       "app.kubernetes.io/instance": "rel"}}
+    assert got[1]["labelSelector"] == {"matchLabels": {"tier": "webhook"}}
+    hard = webhook_pod(rendered(helm, tmp_path, {"podAntiAffinity": "hard"}))["spec"]["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in hard
+    assert "affinity" not in webhook_pod(rendered(helm, tmp_path, {"podAntiAffinity": "none"}))["spec"]
+    assert "priorityClassName" not in webhook_pod(rendered(helm, tmp_path, {"priorityClassName": ""}))["spec"]
+
+
+def test_pdb_only_over_several_replicas(helm, tmp_path):
+    assert ("PodDisruptionBudget", FULL) not in rendered(helm, tmp_path, {"replicaCount": 1})
+    pdb = rendered(helm, tmp_path, {"replicaCount": 3})[("PodDisruptionBudget", FULL)]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert rendered(helm, tmp_path, {"podDisruptionBudget": {"minAvailable": "50%"}})[
+        ("PodDisruptionBudget", FULL)]["spec"]["minAvailable"] == "50%"
+    got = template(helm, tmp_path, merged(BASE, {"podDisruptionBudget": {"minAvailable": 2}}), check=False)
+    assert got.returncode != 0 and "no node could ever be drained" in got.stderr
+
+
+def test_labels_and_names(helm, tmp_path):
+    docs = rendered(helm, tmp_path, {"podLabels": {"team": "ml"}})
+    for (kind, name), doc in docs.items():
+        labels = doc["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == "dispatch-admission-0.1.0", (kind, name)
+        assert labels["app.kubernetes.io/component"] in ("webhook", "test", "pre-delete"), (kind, name)
+        assert labels["app.kubernetes.io/managed-by"] == "Helm" and labels["app.kubernetes.io/instance"] == "rel"
+    pod_labels = webhook_pod(docs)["metadata"]["labels"]
+    assert pod_labels["team"] == "ml" and pod_labels["app.kubernetes.io/component"] == "webhook"
+    assert pod_labels["app.kubernetes.io/version"] == "0.1.0"
+    assert docs[("Deployment", FULL)]["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "dispatch-admission", "app.kubernetes.io/instance": "rel"}
+    # Overrides.
+    assert ("Deployment", "rel-other") in rendered(helm, tmp_path, {"nameOverride": "other"})
+    custom = rendered(helm, tmp_path, {"fullnameOverride": "custom"})
+    assert {("Deployment", "custom"), ("ValidatingWebhookConfiguration", "custom-runtimes"), ("Job", "custom-pre-delete"),
+            ("Pod", "custom-test")} <= set(custom)
+    out = run_helm(helm, "template", "r" * 53, str(CHART), "-n", NS, values=BASE, tmp=tmp_path).stdout
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(out) if d]
+    assert len(names) > 15 and all(len(name) <= 63 for name in names), names
+
+
+def test_chart_label_replaces_plus(helm, tmp_path):
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = "0.1.0+build.7"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    docs = rendered(helm, tmp_path, {}, chart=chart)
+    assert {d["metadata"]["labels"]["helm.sh/chart"] for d in docs.values()} == {"dispatch-admission-0.1.0_build.7"}
+
+
+def test_hook_pods_are_never_the_webhook(helm, tmp_path):
+    """The Service, the PDB and the ReplicaSet select by these labels: a hook pod must not match them
+    (the Service would send admission reviews to it; the ReplicaSet would adopt it)."""
+    docs = rendered(helm, tmp_path, {})
+    selector = docs[("Deployment", FULL)]["spec"]["selector"]["matchLabels"]
+    hook_pods = [docs[("Pod", f"{FULL}-test")]["metadata"], docs[("Job", f"{FULL}-pre-delete")]["spec"]["template"]["metadata"]]
+    for meta in hook_pods:
+        assert not all(meta["labels"].get(k) == v for k, v in selector.items())
+    assert docs[("Service", FULL)]["spec"]["selector"] == selector
+
+
+def test_metrics_have_a_port_of_their_own(helm, tmp_path):
+    docs = rendered(helm, tmp_path, VALUE_SETS["credentials"])
+    ports = {p["name"]: p for p in docs[("Service", FULL)]["spec"]["ports"]}
+    assert ports["metrics"]["port"] == 8080 and ports["metrics"]["targetPort"] == "metrics"
+    assert ports["https"]["port"] == 443 and ports["https"]["targetPort"] == "https"
+    container = webhook_pod(docs)["spec"]["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"https": 8443, "metrics": 8080}
+    (endpoint,) = docs[("ServiceMonitor", FULL)]["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "http" and endpoint["path"] == "/metrics"
+    assert "tlsConfig" not in endpoint
+    webhook_rule, metrics_rule = docs[("NetworkPolicy", FULL)]["spec"]["ingress"]
+    assert webhook_rule["ports"] == [{"port": 8443, "protocol": "TCP"}]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert metrics_rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert metrics_rule["from"] == VALUE_SETS["credentials"]["networkPolicy"]["metricsFrom"]
+    # A ServiceMonitor behind a NetworkPolicy that admits no Prometheus would scrape nothing.
+    got = template(helm, tmp_path, merged(BASE, {"metrics": {"serviceMonitor": {"enabled": True}},
+                                                  "networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}}),
+                   check=False)
+    assert got.returncode != 0 and "networkPolicy.metricsFrom" in got.stderr
+
+
+def test_runtime_warnings_configuration(helm, tmp_path):
+    docs = rendered(helm, tmp_path, {"webhook": {"timeoutSeconds": 7, "excludeNamespaces": ["skipped"],
+                                                 "objectSelector": {"matchLabels": {"a": "b"}}}})
+    (hook,) = docs[("ValidatingWebhookConfiguration", f"{FULL}-runtimes")]["webhooks"]
+    assert hook["name"] == "runtimes.dispatch.go.phpboyscout.uk"
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None" and hook["timeoutSeconds"] == 7
+    assert hook["rules"] == [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"],
+                              "resources": ["clustertrainingruntimes", "trainingruntimes"],
+                              "operations": ["CREATE", "UPDATE"], "scope": "*"}]
+    assert hook["clientConfig"]["service"] == {"name": FULL, "namespace": NS, "path": "/runtimes", "port": 443}
+    assert "skipped" in hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert "objectSelector" not in hook  # the TrainJob selector is not the runtimes'
+    by_url = rendered(helm, tmp_path, {"webhook": {"url": "https://127.0.0.1:9443/", "caBundle": "QUJD"}})
+    (hook,) = by_url[("ValidatingWebhookConfiguration", f"{FULL}-runtimes")]["webhooks"]
+    assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/runtimes", "caBundle": "QUJD"}
+    off = rendered(helm, tmp_path, {"webhook": {"runtimes": {"enabled": False}}})
+    assert ("ValidatingWebhookConfiguration", f"{FULL}-runtimes") not in off
+    assert off[("ClusterRole", FULL)]["rules"][2]["resourceNames"] == [FULL]
+
+
 def test_rbac_is_least_privilege(helm, tmp_path):
     docs = rendered(helm, tmp_path, VALUE_SETS["route1"])
-    rules = docs[("ClusterRole", "rel-dispatch-admission")]["rules"]
-    assert rules[0]["verbs"] == ["get", "list", "watch"]
-    assert rules[1]["resourceNames"] == ["rel-dispatch-admission"] and rules[1]["verbs"] == ["get", "patch"]
-    role = docs[("Role", "rel-dispatch-admission-tls")]["rules"]
-    assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["rel-dispatch-admission-tls"],
+    rules = docs[("ClusterRole", FULL)]["rules"]
+    assert rules[0] == {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes", "clustertrainingruntimes"],
+                        "verbs": ["get", "list", "watch"]}
+    assert rules[1] == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                        "resourceNames": [FULL], "verbs": ["get", "patch"]}
+    assert rules[2] == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+                        "resourceNames": [FULL, f"{FULL}-runtimes"], "verbs": ["get", "patch"]}
+    assert len(rules) == 3
+    role = docs[("Role", f"{FULL}-tls")]["rules"]
+    assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"],
                      "verbs": ["get", "update"]}]
+    cm = rendered(helm, tmp_path, VALUE_SETS["cert-manager"])
+    assert len(cm[("ClusterRole", FULL)]["rules"]) == 1
+    # The hooks: the test may only create (dry-run) TrainJobs in its namespace; pre-delete may only delete ours.
+    assert docs[("Role", f"{FULL}-test")]["metadata"]["namespace"] == "default"
+    assert docs[("Role", f"{FULL}-test")]["rules"] == [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create"]}]
+    pre = docs[("ClusterRole", f"{FULL}-pre-delete")]["rules"]
+    assert [(r["resources"], r["resourceNames"], r["verbs"]) for r in pre] == [
+        (["mutatingwebhookconfigurations"], [FULL], ["get", "delete"]),
+        (["validatingwebhookconfigurations"], [FULL, f"{FULL}-runtimes"], ["get", "delete"])]
+    none = rendered(helm, tmp_path, VALUE_SETS["no-rbac"])
+    assert not {k for k, _ in none} & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    assert webhook_pod(none)["spec"]["serviceAccountName"] == "mine"
+
+
+def test_hooks_run_the_chart_scripts(helm, tmp_path):
+    docs = rendered(helm, tmp_path, merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
+                                                                  "tests": {"labels": {"team": "ml"}}}))
+    pod = docs[("Pod", f"{FULL}-test")]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == f"{WEBHOOK_IMAGE}:0.1.0" and c["command"] == ["python3", "-c"]
+    assert c["args"] == [(CHART / "files" / "helm-test.py").read_text()]
+    config = json.loads(c["env"][0]["value"])
+    assert config == {"namespace": "default", "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
+                      "labels": {"a": "b", "team": "ml"}, "manager": "dispatch.go.phpboyscout.uk/publish",
+                      "expectEntry": True, "enforcement": "enforce", "timeoutSeconds": 120,
+                      "webhooks": ["mutate.dispatch.go.phpboyscout.uk", "validate.dispatch.go.phpboyscout.uk"]}
+    job = docs[("Job", f"{FULL}-pre-delete")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == [(CHART / "files" / "pre-delete.py").read_text()]
+    assert json.loads(c["env"][0]["value"])["configurations"] == [
+        ["validatingwebhookconfigurations", FULL], ["validatingwebhookconfigurations", f"{FULL}-runtimes"],
+        ["mutatingwebhookconfigurations", FULL]]
+    for hook_kind, hook_name in ((("ServiceAccount", f"{FULL}-test")), ("ClusterRole", f"{FULL}-pre-delete")):
+        assert int(docs[(hook_kind, hook_name)]["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0
+    off = rendered(helm, tmp_path, {"tests": {"enabled": False}, "preUninstall": {"deleteWebhookConfigurations": False}})
+    assert not any(name.endswith(("-test", "-pre-delete")) for _, name in off)
+
+
+def test_kube_version_needs_image_volumes_on_by_default(helm, tmp_path):
+    """The default route mounts an image volume: on by default from Kubernetes 1.35."""
+    values = merged(BASE, {})
+    for version, ok in (("1.34.4", False), ("1.35.0", True), ("1.37.2", True)):
+        got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", version, values=values, tmp=tmp_path, check=False)
+        assert (got.returncode == 0) == ok, (version, got.stderr)
 
 
 @pytest.mark.parametrize("image", [f"registry.example/publish:v1@{IMAGE.split('@')[1]}", "registry.example/publish:v1",
                                    "publish@sha256:" + "A" * 64])
 def test_values_schema_refuses_a_bad_publish_image(helm, tmp_path, image):
-    got = run_helm(helm, "template", "rel", str(CHART), values={"publish": {"image": image}}, tmp=tmp_path, check=False)
+    got = template(helm, tmp_path, merged(BASE, {"publish": {"image": image}}), check=False)
     assert got.returncode != 0 and "publish/image" in got.stderr
 
 
 def test_values_schema_refuses_init_container_on_route1(helm, tmp_path):
-    got = run_helm(helm, "template", "rel", str(CHART), tmp=tmp_path, check=False,
-                   values={"publish": {"image": IMAGE, "initContainer": "x"}})
+    got = template(helm, tmp_path, merged(BASE, {"publish": {"image": IMAGE, "initContainer": "x"}}), check=False)
     assert got.returncode != 0
 
 
 def test_what_the_values_schema_cannot_say_stops_the_webhook(helm, tmp_path):
     # Overlapping mount paths pass the chart's schema; the webhook refuses to start on them.
     values = {"publish": {"image": IMAGE}, "credentials": [{"name": "a", "secret": "s", "mountPath": "/opt"}]}
-    cm = rendered(helm, tmp_path, values)[("ConfigMap", "rel-dispatch-admission-settings")]
+    cm = rendered(helm, tmp_path, values)[("ConfigMap", f"{FULL}-settings")]
     with pytest.raises(settings_mod.Denied):
         settings_mod.parse(cm["data"]["settings.json"])
 
@@ -143,6 +623,35 @@ def test_values_schema_shares_the_webhook_patterns():
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["properties"]["publish"]["properties"]["image"]["anyOf"][1]["pattern"] == images.PINNED_PATTERN
     assert schema["properties"]["manager"]["pattern"] == settings_mod.DOMAIN_PREFIXED_PATH
+
+
+def _local_args(args: list[str], tmp, port: int, metrics_port: int) -> list[str]:
+    """The chart's serve arguments with the in-pod paths and listen addresses made local."""
+    local = {"--settings": str(EXAMPLES / "settings" / "route1.json"), "--cert-dir": str(tmp / "certs"),
+             "--bind": f"127.0.0.1:{port}", "--metrics-bind": f"127.0.0.1:{metrics_port}"}
+    out = []
+    for a in args[1:]:
+        flag, _, value = a.partition("=")
+        out.append(f"{flag}={local[flag]}" if flag in local else a)
+    return out
+
+
+def test_serve_accepts_the_arguments_the_chart_renders(helm, tmp_path):
+    """The Deployment's arguments (cert-manager mode: certificates from files) start a serving webhook whose
+    metrics port answers plain HTTP with /metrics and nothing else."""
+    docs = rendered(helm, tmp_path, merged(VALUE_SETS["cert-manager"], {"enforcement": "warn", "logLevel": "debug"}))
+    port, metrics_port = free_port(), free_port()
+    args = _local_args(args_of(docs), tmp_path, port, metrics_port)
+    args += ["--runtime", str(EXAMPLES / "runtimes" / "torch-distributed.yaml")]
+    with webhook_server(tmp_path, *args, port=port, cert_dir=tmp_path / "certs",
+                        env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}):
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            assert r.status == 200 and b"dispatch_admission_" in r.read()
+        for path in ("/validate", "/mutate", "/runtimes"):
+            req = urllib.request.Request(f"http://127.0.0.1:{metrics_port}{path}", data=b"{}", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=5)
+            assert e.value.code in (404, 405)
 
 
 # ---- against the API server ----
@@ -155,65 +664,166 @@ def _served(port, ca_pem: bytes) -> bytes:
 
 
 def _secret(cluster, name):
-    s = cluster.get("secret", name, "dispatch-system")
+    s = cluster.get("secret", name, NS)
     return s["metadata"]["resourceVersion"], {k: base64.b64decode(v) for k, v in (s.get("data") or {}).items()}
+
+
+def _install(env, helm, tmp_path, port, release="rel", extra=None):
+    values = merged(BASE, {"publish": {"image": IMAGE},
+                           "webhook": {"url": f"https://127.0.0.1:{port}",
+                                       "objectSelector": {"matchLabels": {HELM_LABEL: release}}},
+                           "tests": {"labels": {SKIP_MUTATION_LABEL: "true"}}}, extra or {})
+    run_helm(helm, "install", release, str(CHART), "--namespace", NS, "--create-namespace",
+             values=values, tmp=tmp_path, kubeconfig=env.cluster.kubeconfig)
+
+
+def _sa_kubeconfig(c, sa, tmp_path):
+    token = c.kubectl("create", "token", sa, "-n", NS).stdout.strip()
+    sa_config = yaml.safe_load(open(c.kubeconfig))
+    sa_config["users"] = [{"name": "sa", "user": {"token": token}}]
+    sa_config["contexts"][0]["context"]["user"] = "sa"
+    path = tmp_path / f"{sa}-kubeconfig"
+    path.write_text(yaml.safe_dump(sa_config))
+    return path, token
+
+
+def _serve_args(release: str, sa_kubeconfig) -> list[str]:
+    full = f"{release}-dispatch-admission"
+    return ["--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", str(sa_kubeconfig),
+            "--tls-secret", f"{full}-tls", "--tls-service", full, "--webhook-configuration", full, "--namespace", NS]
 
 
 def test_install_self_managed_certificates_and_uninstall(env, helm, tmp_path):
     c = env.cluster
     port = free_port()
-    values = {"publish": {"image": IMAGE}, "webhook": {"url": f"https://127.0.0.1:{port}",
-                                                          "objectSelector": {"matchLabels": {HELM_LABEL: "true"}}}}
-    run_helm(helm, "install", "rel", str(CHART), "--namespace", "dispatch-system", "--create-namespace",
-             values=values, tmp=tmp_path, kubeconfig=c.kubeconfig)
+    _install(env, helm, tmp_path, port)
     try:
         _installed(c, helm, tmp_path, port)
     finally:
-        run_helm(helm, "uninstall", "rel", "-n", "dispatch-system", "--wait", kubeconfig=c.kubeconfig, check=False)
+        run_helm(helm, "uninstall", "rel", "-n", NS, "--wait", "--no-hooks", kubeconfig=c.kubeconfig, check=False)
+        c.kubectl("delete", "clusterrole,clusterrolebinding", f"{FULL}-pre-delete", "--ignore-not-found", check=False)
+        c.kubectl("delete", "serviceaccount", f"{FULL}-pre-delete", f"{FULL}-test", "-n", NS, "--ignore-not-found",
+                  check=False)
+        c.kubectl("delete", "role,rolebinding", f"{FULL}-test", "-n", "default", "--ignore-not-found", check=False)
+
+
+def _hooks(c, helm, release="rel") -> list[dict]:
+    out = run_helm(helm, "get", "hooks", release, "-n", NS, kubeconfig=c.kubeconfig).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _run_hook_script(c, tmp_path, hooks, pod_spec: dict, sa: str, config_override: dict | None = None):
+    """Run a hook pod's script here, as the hook's ServiceAccount with the hook's RBAC (applied from the
+    release's hooks), against the e2e API server: what the pod does in a cluster, without a kubelet."""
+    for doc in hooks:
+        if doc["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding") and \
+                doc["metadata"]["name"] == sa:
+            c.apply(doc)
+    _, token = _sa_kubeconfig(c, sa, tmp_path)
+    sa_dir = tmp_path / f"sa-{sa}"
+    sa_dir.mkdir(exist_ok=True)
+    (sa_dir / "token").write_text(token)
+    shutil.copy(c.ca_file, sa_dir / "ca.crt")
+    api = urllib.parse.urlsplit(c.server)
+    (container,) = pod_spec["containers"]
+    assert container["command"] == ["python3", "-c"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    if config_override:
+        (key,) = env
+        env[key] = json.dumps({**json.loads(env[key]), **config_override})
+    return subprocess.run([sys.executable, "-c", container["args"][0]], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **env, "SERVICEACCOUNT_DIR": str(sa_dir),
+                               "KUBERNETES_SERVICE_HOST": api.hostname, "KUBERNETES_SERVICE_PORT": str(api.port)})
 
 
 def _installed(c, helm, tmp_path, port):
-    manifest = run_helm(helm, "get", "manifest", "rel", "-n", "dispatch-system", kubeconfig=c.kubeconfig).stdout
+    manifest = run_helm(helm, "get", "manifest", "rel", "-n", NS, kubeconfig=c.kubeconfig).stdout
     objects = [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in yaml.safe_load_all(manifest) if d]
-    assert len(objects) >= 12
+    assert len(objects) >= 13
     for kind, name, ns in objects:
         assert c.get(kind, name, ns) is not None, f"{kind} {name} was not created"
+    hooks = _hooks(c, helm)
+    assert {(d["kind"], d["metadata"]["name"]) for d in hooks} >= {("Pod", f"{FULL}-test"), ("Job", f"{FULL}-pre-delete")}
 
     # Two replica processes under the chart's own ServiceAccount (its RBAC, nothing more).
-    token = c.kubectl("create", "token", "rel-dispatch-admission", "-n", "dispatch-system").stdout.strip()
-    sa_config = yaml.safe_load(open(c.kubeconfig))
-    sa_config["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa_config["contexts"][0]["context"]["user"] = "sa"
-    sa_kubeconfig = tmp_path / "sa-kubeconfig"
-    sa_kubeconfig.write_text(yaml.safe_dump(sa_config))
-    args = ["--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", str(sa_kubeconfig),
-            "--tls-secret", "rel-dispatch-admission-tls", "--tls-service", "rel-dispatch-admission",
-            "--webhook-configuration", "rel-dispatch-admission", "--namespace", "dispatch-system"]
+    sa_kubeconfig, _ = _sa_kubeconfig(c, FULL, tmp_path)
+    args = _serve_args("rel", sa_kubeconfig)
     with webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
-        version_a, files = _secret(c, "rel-dispatch-admission-tls")
+        version_a, files = _secret(c, f"{FULL}-tls")
         assert set(files) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
         served_a = _served(port, files["ca.crt"])
         port_b = free_port()
         with webhook_server(tmp_path / "b", *args, port=port_b, make_certs=False):
-            version_b, files_b = _secret(c, "rel-dispatch-admission-tls")
+            version_b, files_b = _secret(c, f"{FULL}-tls")
             assert version_b == version_a, "the second replica rewrote the Secret"
             assert _served(port_b, files["ca.crt"]) == served_a, "the replicas serve different certificates"
         served_pem = x509.load_der_x509_certificate(served_a).public_bytes(serialization.Encoding.PEM)
         assert served_pem == files["tls.crt"]
         bundle = base64.b64encode(files["ca.crt"]).decode()
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            cfg = c.get(kind, "rel-dispatch-admission")
+            cfg = c.get(kind, FULL)
             assert [w["clientConfig"]["caBundle"] for w in cfg["webhooks"]] == [bundle]
         # The installed configurations are live: a TrainJob they select goes through them.
         job = trainjob(name="via-helm", namespace="team-a")
-        job["metadata"]["labels"] = {HELM_LABEL: "true"}
+        job["metadata"]["labels"] = {HELM_LABEL: "rel"}
         c.apply(job)
-        assert "via-helm" in (tmp_path / "a" / f"webhook-{port}.log").read_text()
+        log_a = tmp_path / "a" / f"webhook-{port}.log"
+        assert "via-helm" in log_a.read_text()
 
-    run_helm(helm, "uninstall", "rel", "-n", "dispatch-system", "--wait", kubeconfig=c.kubeconfig)
-    assert run_helm(helm, "status", "rel", "-n", "dispatch-system", kubeconfig=c.kubeconfig, check=False).returncode != 0
+        # helm test's script, as its ServiceAccount: a dry-run TrainJob comes back with our entry (the session's
+        # webhooks skip it), and one breaking S3 is refused by this release's webhook.
+        test_pod = next(d for d in hooks if d["kind"] == "Pod")
+        got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test")
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert "ok: a TrainJob was admitted with the dispatch.go.phpboyscout.uk/publish entry" in got.stdout
+        assert "dispatch-admission-test-" in log_a.read_text()
+
+    # With no webhook answering, the same script fails (it proves something).
+    got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test", {"timeoutSeconds": 3})
+    assert got.returncode == 1 and "FAILED" in got.stdout, got.stdout + got.stderr
+
+    # helm uninstall: Helm 3 deletes webhook configurations last (they are not in its uninstall order), after
+    # the Service and the Deployment. The pre-delete hook's script deletes them first.
+    job = next(d for d in hooks if d["kind"] == "Job")
+    got = _run_hook_script(c, tmp_path, hooks, job["spec"]["template"]["spec"], f"{FULL}-pre-delete")
+    assert got.returncode == 0, got.stdout + got.stderr
+    for kind, name in (("validatingwebhookconfiguration", FULL), ("validatingwebhookconfiguration", f"{FULL}-runtimes"),
+                       ("mutatingwebhookconfiguration", FULL)):
+        assert c.get(kind, name) is None, f"{kind} {name} survived the pre-delete hook"
+    assert c.get("deployment", FULL, NS) is not None and c.get("service", FULL, NS) is not None
+    # Run twice (a retried uninstall): the configurations are already gone, still a success.
+    again = _run_hook_script(c, tmp_path, hooks, job["spec"]["template"]["spec"], f"{FULL}-pre-delete", {"settleSeconds": 0})
+    assert again.returncode == 0 and "already gone" in again.stdout
+
+    # The hooks cannot run here (no kubelet): uninstall without them, and see Helm's own order.
+    got = run_helm(helm, "uninstall", "rel", "-n", NS, "--wait", "--no-hooks", "--debug", kubeconfig=c.kubeconfig)
+    order = re.findall(r'Starting delete for "[^"]+" (\w+)', got.stdout + got.stderr)
+    assert order, got.stdout + got.stderr
+    assert order.index("Service") < order.index("ValidatingWebhookConfiguration"), order
+    assert order.index("Deployment") < order.index("MutatingWebhookConfiguration"), order
+    assert run_helm(helm, "status", "rel", "-n", NS, kubeconfig=c.kubeconfig, check=False).returncode != 0
     for kind, name, ns in objects:
         deadline = time.monotonic() + 30
         while c.get(kind, name, ns) is not None:
             assert time.monotonic() < deadline, f"{kind} {name} survived helm uninstall"
             time.sleep(0.5)
+
+
+def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, tmp_path):
+    """The webhook writes its CA into <--webhook-configuration>-runtimes too (the chart's runtime-warnings
+    ValidatingWebhookConfiguration), so runtime warnings work with self-managed certificates."""
+    c = env.cluster
+    port = free_port()
+    _install(env, helm, tmp_path, port, release="rt", extra={"tests": {"enabled": False}})
+    try:
+        sa_kubeconfig, _ = _sa_kubeconfig(c, "rt-dispatch-admission", tmp_path)
+        with webhook_server(tmp_path / "a", *_serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
+            _, files = _secret(c, "rt-dispatch-admission-tls")
+            bundle = base64.b64encode(files["ca.crt"]).decode()
+            for kind, name in (("mutatingwebhookconfiguration", "rt-dispatch-admission"),
+                               ("validatingwebhookconfiguration", "rt-dispatch-admission"),
+                               ("validatingwebhookconfiguration", "rt-dispatch-admission-runtimes")):
+                hooks = c.get(kind, name)["webhooks"]
+                assert [w["clientConfig"].get("caBundle") for w in hooks] == [bundle], f"no CA in {kind} {name}"
+    finally:
+        run_helm(helm, "uninstall", "rt", "-n", NS, "--wait", "--no-hooks", kubeconfig=c.kubeconfig, check=False)
