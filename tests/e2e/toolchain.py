@@ -146,6 +146,19 @@ def helm_bin() -> Path:
     return _build(f"helm-{HELM}", gomod, ["helm.sh/helm/v3/cmd/helm"], ldflags=ldflags)
 
 
+PROMETHEUS = "v0.316.0"  # Prometheus 3.16.0: the Go module tags v3 releases as v0.3MM.P
+
+
+def promtool_bin() -> Path:
+    """promtool (check rules, test rules) from github.com/prometheus/prometheus, for the chart's alerts."""
+    pkg = "github.com/prometheus/prometheus/cmd/promtool"
+    gomod = (f"module dispatch-admission/e2e-promtool\n\ngo 1.26\n\nrequire github.com/prometheus/prometheus {PROMETHEUS}\n\n"
+             f"tool {pkg}\n")
+    minor, patch = PROMETHEUS[len("v0.3"):].split(".")
+    ldflags = f"-s -w -X github.com/prometheus/common/version.Version=3.{int(minor)}.{patch}"
+    return _build(f"promtool-{PROMETHEUS}", gomod, [pkg], ldflags=ldflags)
+
+
 def trainer_bin() -> Path:
     """Trainer's controller manager (its controllers and webhooks), run out of cluster by the e2e suite."""
     pkg = "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
@@ -290,9 +303,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node"]
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
-                "jobset": jobset_crds, "buildkit": buildkit_bin,
+                "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
                 "node": node_bins}
     for name in wanted:
         started = time.monotonic()
