@@ -53,7 +53,8 @@ RUN set -eu; \
     ensurepip="$(python3 -c 'import ensurepip, os; print(os.path.dirname(ensurepip.__file__))' 2>/dev/null || true)"; \
     rm -rf ${ensurepip:+"$ensurepip"} /usr/share/python-wheels \
       /usr/bin/apt /usr/bin/apt-* /usr/lib/apt /etc/apt /var/lib/apt /var/cache/apt \
-      /usr/bin/dpkg /usr/bin/dpkg-* /usr/sbin/dpkg-* /usr/lib/dpkg
+      /usr/bin/dpkg /usr/bin/dpkg-* /usr/sbin/dpkg-* /usr/lib/dpkg /usr/libexec/dpkg \
+      /etc/cron.daily/apt-compat /etc/cron.daily/dpkg /usr/share/bug/apt /usr/share/bug/dpkg
 COPY --from=build /opt/venv /opt/venv
 LABEL org.opencontainers.image.title="dispatch-admission" \
       org.opencontainers.image.description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount" \
