@@ -575,14 +575,21 @@ state = "{base / 'state'}"
         self._stopped = True
         problems = self.problems
         cluster = getattr(self, "cluster", None)
+        if cluster is not None and "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
+            # The workloads go first, while the Job controller and the garbage collector still run (pods carry
+            # the Job controller's tracking finalizer): no webhook may block it (the harness's webhook servers
+            # are stopped by now), then TrainJobs, JobSets and Jobs cascade, then whatever pods remain.
+            for args in (("delete", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "--all"),
+                         ("delete", "trainjobs.trainer.kubeflow.org", "--all", "-A", "--wait=false"),
+                         ("delete", "jobsets.jobset.x-k8s.io", "--all", "-A", "--cascade=foreground", "--timeout=90s"),
+                         ("delete", "jobs", "--all", "-A", "--cascade=foreground", "--timeout=90s"),
+                         ("delete", "pods", "--all", "-A", "--grace-period=1", "--timeout=90s")):
+                got = cluster.kubectl(*args, check=False, timeout=120)
+                if got.returncode != 0 and "the server doesn't have a resource type" not in got.stderr:
+                    problems.append(f"kubectl {' '.join(args)}: {got.stderr.strip()[-500:]}")
         for name in ("jobset-controller-manager", "kube-controller-manager", "kube-scheduler"):
             if name in self.procs:
                 stop(self.procs[name])
-        if cluster is not None and "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
-            got = cluster.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1",
-                                  "--timeout=90s", check=False, timeout=120)
-            if got.returncode != 0:
-                problems.append(f"deleting pods: {got.stderr.strip()[-500:]}")
         if "kubelet" in self.procs:
             stop(self.procs["kubelet"])
         if "containerd" in self.procs and self.procs["containerd"].poll() is None:
