@@ -576,7 +576,7 @@ def test_hooks_run_the_chart_scripts(helm, tmp_path):
     config = json.loads(c["env"][0]["value"])
     assert config == {"namespace": "default", "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
                       "labels": {"a": "b", "team": "ml"}, "manager": "dispatch.go.phpboyscout.uk/publish",
-                      "expectEntry": True, "enforcement": "enforce", "timeoutSeconds": 120,
+                      "expectEntry": True, "enforcement": "enforce", "timeoutSeconds": 120, "namespaceExcluded": False,
                       "webhooks": ["mutate.dispatch.go.phpboyscout.uk", "validate.dispatch.go.phpboyscout.uk"]}
     job = docs[("Job", f"{FULL}-pre-delete")]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
@@ -587,6 +587,10 @@ def test_hooks_run_the_chart_scripts(helm, tmp_path):
         ["mutatingwebhookconfigurations", FULL]]
     for hook_kind, hook_name in ((("ServiceAccount", f"{FULL}-test")), ("ClusterRole", f"{FULL}-pre-delete")):
         assert int(docs[(hook_kind, hook_name)]["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0
+    # A test namespace the webhook never sees cannot prove anything: the test says so (the install still works).
+    for excluded in (NS, "kube-system"):
+        pod = rendered(helm, tmp_path, {"tests": {"namespace": excluded}})[("Pod", f"{FULL}-test")]
+        assert json.loads(pod["spec"]["containers"][0]["env"][0]["value"])["namespaceExcluded"] is True
     off = rendered(helm, tmp_path, {"tests": {"enabled": False}, "preUninstall": {"deleteWebhookConfigurations": False}})
     assert not any(name.endswith(("-test", "-pre-delete")) for _, name in off)
 
@@ -781,6 +785,8 @@ def _installed(c, helm, tmp_path, port):
     # With no webhook answering, the same script fails (it proves something).
     got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test", {"timeoutSeconds": 3})
     assert got.returncode == 1 and "FAILED" in got.stdout, got.stdout + got.stderr
+    got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test", {"namespaceExcluded": True})
+    assert got.returncode == 1 and "set tests.namespace to one it serves" in got.stdout, got.stdout + got.stderr
 
     # helm uninstall: Helm 3 deletes webhook configurations last (they are not in its uninstall order), after
     # the Service and the Deployment. The pre-delete hook's script deletes them first.

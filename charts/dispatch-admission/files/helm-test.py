@@ -78,6 +78,10 @@ def check_refused():
 
 
 def main():
+    if CFG["namespaceExcluded"]:
+        print(f"FAILED: tests.namespace {CFG['namespace']!r} is one the webhook never sees (kube-system, the release "
+              "namespace and webhook.excludeNamespaces are excluded): set tests.namespace to one it serves", flush=True)
+        return 1
     deadline = time.monotonic() + CFG["timeoutSeconds"]
     delay = 1.0
     while True:
