@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import copy
 import json
 import os
@@ -632,7 +633,8 @@ def test_values_schema_shares_the_webhook_patterns():
 def _local_args(args: list[str], tmp, port: int, metrics_port: int) -> list[str]:
     """The chart's serve arguments with the in-pod paths and listen addresses made local."""
     local = {"--settings": str(EXAMPLES / "settings" / "route1.json"), "--cert-dir": str(tmp / "certs"),
-             "--bind": f"127.0.0.1:{port}", "--metrics-bind": f"127.0.0.1:{metrics_port}"}
+             "--bind": f"127.0.0.1:{port}", "--metrics-bind": f"127.0.0.1:{metrics_port}",
+             "--client-ca": str(tmp / "client-ca.crt")}
     out = []
     for a in args[1:]:
         flag, _, value = a.partition("=")
@@ -656,6 +658,67 @@ def test_serve_accepts_the_arguments_the_chart_renders(helm, tmp_path):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(req, timeout=5)
             assert e.value.code in (404, 405)
+
+
+@pytest.mark.parametrize("client_ca", [False, True], ids=["tls-probes", "client-ca-probes"])
+def test_probes_answer_where_the_chart_points_them(helm, tmp_path, client_ca):
+    """The kubelet probes the port and scheme the chart names, with no client certificate: /healthz and /readyz
+    must answer 200 there. With clientCA the TLS port demands a client certificate, so the chart probes the
+    metrics port, which must then serve the two health paths as well."""
+    from webhook import certs
+
+    values = merged(VALUE_SETS["cert-manager"])
+    if client_ca:
+        _, ca = certs.make_ca("e2e API server client CA")
+        pem = certs.pem_cert(ca)
+        (tmp_path / "client-ca.crt").write_bytes(pem)
+        values = merged(values, {"clientCA": {"pem": pem.decode()}})
+    docs = rendered(helm, tmp_path, values)
+    port, metrics_port = free_port(), free_port()
+    args = _local_args(args_of(docs), tmp_path, port, metrics_port)
+    args += ["--runtime", str(EXAMPLES / "runtimes" / "torch-distributed.yaml")]
+    container = webhook_pod(docs)["spec"]["containers"][0]
+    ports = {"https": port, "metrics": metrics_port}
+    certs.write_dev_pair(tmp_path / "certs", ["localhost", "127.0.0.1"])
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "certs" / "ca.crt"))
+    with _started(tmp_path, args, metrics_port):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            get = container[probe]["httpGet"]
+            url = f"{get['scheme'].lower()}://127.0.0.1:{ports[get['port']]}{get['path']}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as r:
+                        assert r.status == 200
+                        break
+                except (urllib.error.URLError, ConnectionError) as e:
+                    assert getattr(e, "code", None) != 404, f"{probe} {url}: not served there (404)"
+                    assert time.monotonic() < deadline, f"{probe} {url}: {e}"
+                    time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _started(tmp, args, metrics_port):
+    """serve, waited for on the metrics port's /metrics (with client certificates required, the TLS port
+    cannot be polled without one)."""
+    log = tmp / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "webhook", "serve", *args], stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")},
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.3)
+        yield
+    finally:
+        stop(proc)
 
 
 # ---- against the API server ----
