@@ -84,6 +84,18 @@ def test_spec_6_3_a_spec_unchanged_update_of_a_suspended_job_gets_the_entry_when
     assert not resp["allowed"] and fields(resp) == ["spec.runtimePatches[0]"]
 
 
+def test_spec_6_3_an_update_adding_only_the_entry_is_judged_by_s4_alone():
+    """What else the object already was (a DISPATCH_ env here) does not refuse the entry's arrival."""
+    old = suspended_pre_webhook(env=[{"name": "DISPATCH_X", "value": "1"}])
+    entry = mutated(admission(), suspended_pre_webhook())["spec"]["runtimePatches"][0]
+    new = copy.deepcopy(old)
+    new["spec"]["runtimePatches"] = [entry]
+    assert answer(admission(), new, "validate", operation="UPDATE", old=old)["allowed"]
+    new["spec"]["runtimePatches"][0] = {**entry, "manager": MANAGER, "trainingRuntimeSpec": {}}
+    resp = answer(admission(), new, "validate", operation="UPDATE", old=old)
+    assert not resp["allowed"] and fields(resp) == ["spec.runtimePatches[0]"]
+
+
 def test_spec_6_3_a_spec_unchanged_update_of_a_running_job_is_not_judged():
     old = trainjob(env=[{"name": "DISPATCH_X", "value": "1"}])
     new = copy.deepcopy(old)

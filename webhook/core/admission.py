@@ -192,8 +192,8 @@ def _mutate_unchanged_spec(p: Plan) -> Decision:
     if p.entry is not None and not found:
         rules.room_for_entry(p.count, found)
     if found or p.entry is None:
-        why = found[0] if found else p.runtime_reasons[0]
-        return Decision(warnings=(w_not_added(why),))
+        why = (list(found) + list(p.runtime_reasons))[:1]
+        return Decision(warnings=tuple(w_not_added(r) for r in why) or ("no publish entry added",))
     warnings = (W_ROUTE2,) if _route2(p.settings) else ()
     return Decision((patch.append_op(p.spec, p.entry.json(p.time)),), warnings)
 
