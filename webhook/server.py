@@ -2,6 +2,8 @@
 
 Settings are parsed once, in the gunicorn master, before any worker starts: invalid settings stop
 the server with the ErrInvalid message. Each worker builds its own app (and runtime cache) after fork.
+The worker class (webhook.worker) reads requests on an event loop with deadlines and hands whole
+requests to the app's threads; gunicorn's settings combine as webhook.gunicorn_config says.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import metrics
-from .core.admission import MUTATE, VALIDATE, Admission, BadReview
+from .core.admission import MUTATE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import RuntimeSource
 from .files import RuntimeFileError, load_runtimes, load_settings
@@ -28,8 +30,8 @@ log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
 
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
+DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEV_BIND = "127.0.0.1:8443"
-BIND = "0.0.0.0:8443"
 
 
 def _json(body: dict, code: int) -> Response:
@@ -102,13 +104,16 @@ class ReviewLog:
 
 
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
-               max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None) -> Flask:
-    """The application factory: routes over one Admission."""
+               max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
+               enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True) -> Flask:
+    """The application factory: routes over one Admission. `serve_metrics` False leaves /metrics to a
+    port of its own (serve --metrics-bind)."""
     app = Flask("dispatch_admission")
-    admission = Admission(settings, runtimes)
+    admission = Admission(settings, runtimes, enforcement=enforcement)
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
 
-    def handle(endpoint: str) -> Response:
+    def handle(verb: Verb) -> Response:
+        endpoint = verb.value
         started = time.perf_counter()
         mimetype = request.mimetype
         if mimetype != "application/json":
@@ -123,19 +128,23 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         except (ValueError, RecursionError) as e:
             return _error(400, f"the body is not JSON: {str(e)[:200]}")
         try:
-            response, outcome = admission.review(doc, endpoint)
+            response, outcome = admission.review(doc, verb)
         except BadReview as e:
             return _error(400, f"not an AdmissionReview v1: {e}")
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels(endpoint).observe(elapsed)
         result = "allowed" if outcome.allowed else "denied"
         metrics.REVIEWS.labels(endpoint, result, outcome.sentinel).inc()
+        would_deny = outcome.would_deny
+        for sentinel, rule in would_deny:
+            metrics.WOULD_DENY.labels(sentinel, rule).inc()
         if outcome.intercepted and review_log.enabled:
             review_log.write({
                 "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
                 "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
                 "sentinel": outcome.sentinel or None, "patched": bool(outcome.ops and outcome.allowed),
                 "warnings": len(outcome.warnings), "ms": round(elapsed * 1000, 3),
+                **({"would_deny": [{"sentinel": s, "rule": r} for s, r in would_deny]} if would_deny else {}),
                 **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
             })
         return _json(response, 200)
@@ -148,6 +157,10 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
     def validate():
         return handle(VALIDATE)
 
+    @app.post("/runtimes")
+    def runtimes_endpoint():
+        return handle(RUNTIMES)
+
     @app.get("/healthz")
     def healthz():
         return _json({"status": "ok"}, 200)
@@ -157,10 +170,11 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         checks = {"settings": True, "certificate": tls_loaded(), "runtimes": runtimes.ready()}
         return _json({"ready": all(checks.values()), "checks": checks}, 200 if all(checks.values()) else 503)
 
-    @app.get("/metrics")
-    def metrics_endpoint():
-        body, content_type = metrics.exposition()
-        return Response(body, status=200, content_type=content_type)
+    if serve_metrics:
+        @app.get("/metrics")
+        def metrics_endpoint():
+            body, content_type = metrics.exposition()
+            return Response(body, status=200, content_type=content_type)
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):
@@ -177,12 +191,33 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 # ---- serve: gunicorn ----
 
 
+def metrics_app(environ, start_response):
+    """The plain-HTTP listener of `serve --metrics-bind`: GET /metrics and nothing else."""
+    if environ.get("PATH_INFO") != "/metrics":
+        body = b'{"error":"only /metrics is served on this port","code":404}'
+        start_response("404 Not Found", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+    if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
+        return [b""]
+    body, content_type = metrics.exposition()
+    start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise Denied([Reason(ErrInvalid, "--metrics-bind", f"{text!r} is not HOST:PORT")])
+    return host.strip("[]"), int(port)
+
+
 class _Options:
     """What `serve` resolved from its flags, handed to each worker."""
 
     def __init__(self, args):
         self.dev = bool(args.dev)
-        self.bind = args.bind or (DEV_BIND if self.dev else BIND)
+        self.bind = args.bind or (DEV_BIND if self.dev else None)  # None: gunicorn configuration, else 0.0.0.0:8443
         self.cert_dir = Path(args.cert_dir or ("certs" if self.dev else "/etc/dispatch-admission/tls"))
         self.runtime_files = list(args.runtime or [])
         if self.dev and not self.runtime_files and not args.kubeconfig:
@@ -194,8 +229,13 @@ class _Options:
         self.webhook_configuration = args.webhook_configuration
         self.namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
         self.client_ca = args.client_ca
-        self.workers = args.workers or int(os.environ.get("DISPATCH_ADMISSION_WORKERS", "2"))
+        self.workers = args.workers
         self.max_body = args.max_body or DEFAULT_MAX_BODY
+        self.read_timeout = args.read_timeout or DEFAULT_READ_TIMEOUT
+        self.gunicorn_config = args.gunicorn_config
+        self.metrics_bind = args.metrics_bind
+        self.metrics_address = _address(args.metrics_bind) if args.metrics_bind else None
+        self.enforcement = Enforcement(args.enforcement)
         if args.settings:
             self.settings = load_settings(args.settings)
         elif self.dev:
@@ -209,11 +249,21 @@ def _reason(text: str) -> Reason:
 
 
 def _runtime_source(opts: _Options) -> RuntimeSource:
+    """Runtimes from files or the cluster's watch cache; either way, each runtime's readiness is exported."""
+    from .core.rules import runtime_facts
+    from .core.runtimes import key_of
+
+    def can_carry(runtime: dict) -> bool:
+        return runtime_facts(runtime, opts.settings).can_carry
+
     if opts.runtime_files:
-        return load_runtimes(opts.runtime_files)
+        index = load_runtimes(opts.runtime_files)
+        for runtime in index:
+            metrics.set_runtime_ready(*key_of(runtime), can_carry(runtime))
+        return index
     from .cluster import ClusterRuntimes, api_client
 
-    return ClusterRuntimes(api_client(opts.kubeconfig))
+    return ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
 
 
 REFRESH_SECONDS = 6 * 3600
@@ -250,10 +300,42 @@ def _self_managed_certificates(opts: _Options) -> None:
     threading.Thread(target=loop, name="certificate-refresh", daemon=True).start()
 
 
-def run(args) -> int:
-    from gunicorn.app.base import BaseApplication
+def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, workers: int | None, certfile: str,
+                         keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
+                         metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                         max_body: int = DEFAULT_MAX_BODY, metrics_wsgi: Callable | None = None):
+    """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
+    serves its app with this too, so the two are compared on equal terms)."""
+    from gunicorn.app.base import Application
 
-    from . import certs, gunicorn_config
+    from . import gunicorn_config
+    from .worker import WorkerOptions
+
+    class Server(Application):
+        worker_options = WorkerOptions(handshake_timeout=read_timeout, request_timeout=read_timeout,
+                                       max_body=max_body, metrics_address=metrics_address)
+
+        def init(self, parser, opts, args):  # not called: load_config is ours
+            return None
+
+        def load_config(self):
+            gunicorn_config.configure(self, config_file=config_file, certfile=certfile, keyfile=keyfile, tls=tls,
+                                      explicit={"bind": [bind] if bind else None, "workers": workers},
+                                      warn=lambda text: log.warning(json.dumps({"msg": text})))
+            if metrics_bind:
+                self.cfg.set("bind", list(self.cfg.bind) + [metrics_bind])
+
+        def load(self):
+            return load()
+
+        def metrics_app(self):
+            return metrics_wsgi
+
+    return Server()
+
+
+def run(args) -> int:
+    from . import certs
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(message)s")
@@ -275,7 +357,7 @@ def run(args) -> int:
             return 1
     certfile, keyfile = str(opts.cert_dir / "tls.crt"), str(opts.cert_dir / "tls.key")
     try:
-        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca)
+        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"))
     except (OSError, ValueError) as e:
         print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}", file=sys.stderr)
         return 1
@@ -286,16 +368,20 @@ def run(args) -> int:
             print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
             return 1
 
-    class Server(BaseApplication):
-        def load_config(self):
-            for key, value in gunicorn_config.settings(opts.bind, opts.workers, certfile, keyfile, tls).items():
-                self.cfg.set(key, value)
+    def load():  # in each worker, after fork
+        metrics.watch_certificates(tls.expiry)
+        return create_app(opts.settings, _runtime_source(opts), tls.valid, opts.max_body,
+                          enforcement=opts.enforcement, serve_metrics=opts.metrics_bind is None)
 
-        def load(self):
-            return create_app(opts.settings, _runtime_source(opts), tls.loaded, opts.max_body)
-
-    log.info(json.dumps({"msg": "starting", "bind": opts.bind, "workers": opts.workers,
+    server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
+                                  tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
+                                  metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
+                                  max_body=opts.max_body, metrics_wsgi=metrics_app)
+    cfg = server.cfg
+    log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
+                         "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,
+                         "enforcement": opts.enforcement.value,
                          "manager": opts.settings.manager, "publish": bool(opts.settings.publish),
                          "runtimes": "files" if opts.runtime_files else "cluster"}))
-    Server().run()
+    server.run()
     return 0

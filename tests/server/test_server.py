@@ -15,6 +15,7 @@ import requests
 from webhook import certs
 from tests.helpers import EXAMPLES, ROOT, review, trainjob
 from tests.process import webhook_server
+from tests.unit.test_certs import rotate_serving
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
@@ -208,7 +209,7 @@ def test_certificate_rotation_without_failed_requests(tmp_path):
             t.start()
         time.sleep(1)
         for _ in range(3):
-            certs.renew_serving(cert_dir, ["localhost", "127.0.0.1"])
+            rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
             time.sleep(1.5)
         deadline = time.monotonic() + 10
         after = _served_serial(base, ca)

@@ -3,12 +3,24 @@
 import datetime as dt
 import os
 import ssl
+import time
+from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from webhook import certs
 
 NAMES = certs.service_names("dispatch-admission", "dispatch-system")
+
+
+def rotate_serving(cert_dir: Path, names: list[str], days: int = certs.SERVING_DAYS) -> None:
+    """A new serving pair from the CA already in `cert_dir`, written key first (as a rotation looks)."""
+    ca_key = serialization.load_pem_private_key((cert_dir / "ca.key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((cert_dir / "ca.crt").read_bytes())
+    key, cert = certs.make_leaf(ca_key, ca_cert, names, days=days)
+    certs.write_file(cert_dir / "tls.key", certs.pem_key(key), True)
+    certs.write_file(cert_dir / "tls.crt", certs.pem_cert(cert), False)
 
 
 def files(names=NAMES, days=certs.SERVING_DAYS):
@@ -40,10 +52,10 @@ def test_missing_mismatched_or_uncovering_pairs_are_not_usable():
 
 def test_renewal_keeps_a_ca_with_time_left_and_replaces_one_without():
     old = files(days=10)
-    renewed = certs._new_files(old, NAMES)
+    renewed = certs.new_files(old, NAMES)
     assert renewed["ca.crt"] == old["ca.crt"] and renewed["tls.crt"] != old["tls.crt"]
     assert certs.usable(renewed, NAMES)
-    assert certs._new_files({}, NAMES)["ca.crt"] != old["ca.crt"]
+    assert certs.new_files({}, NAMES)["ca.crt"] != old["ca.crt"]
 
 
 def test_write_served_reports_changes_only(tmp_path):
@@ -63,8 +75,70 @@ def test_reloading_context_swaps_on_change_and_keeps_the_old_on_a_bad_pair(tmp_p
     (tmp_path / "tls.crt").write_bytes(files()["tls.crt"])  # mid-rotation: the key does not match yet
     ctx._checked = 0
     assert ctx.get() is first
-    certs.renew_serving(tmp_path, ["localhost"])
+    rotate_serving(tmp_path, ["localhost"])
     ctx._checked = 0
     assert ctx.get() is not first
     leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
     assert leaf.issuer == x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes()).subject
+
+
+def _context(tmp_path, days=certs.SERVING_DAYS, clock=time.time):
+    certs.write_dev_pair(tmp_path, ["localhost"])
+    if days != certs.SERVING_DAYS:
+        rotate_serving(tmp_path, ["localhost"], days=days)
+    return certs.ReloadingContext(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"),
+                                  cafile=str(tmp_path / "ca.crt"), clock=clock)
+
+
+def test_readiness_follows_the_held_certificate_validity(tmp_path):
+    """/readyz's certificate check: a pair that loaded and is inside its validity period."""
+    now = [time.time()]
+    ctx = _context(tmp_path, clock=lambda: now[0])
+    assert ctx.valid()
+    now[0] = ctx.not_after + 1
+    assert not ctx.valid(), "an expired certificate is not a loaded one"
+    now[0] = ctx.not_before - 1
+    assert not ctx.valid(), "nor one not valid yet"
+
+
+def test_an_expired_pair_on_disk_is_not_ready_and_a_renewed_one_is(tmp_path):
+    later = time.time() + 2 * 86400
+    ctx = _context(tmp_path, days=1, clock=lambda: later)  # expired by then
+    assert not ctx.valid()
+    rotate_serving(tmp_path, ["localhost"])
+    ctx._checked = 0
+    assert ctx.valid()
+
+
+def test_removed_files_keep_the_held_pair(tmp_path):
+    ctx = _context(tmp_path)
+    held = ctx.get()
+    (tmp_path / "tls.crt").unlink()
+    (tmp_path / "tls.key").write_bytes(b"garbage")
+    ctx._checked = 0
+    assert ctx.get() is held and ctx.valid()
+
+
+def test_expiry_reports_the_serving_and_ca_certificates(tmp_path):
+    ctx = _context(tmp_path)
+    leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    assert ctx.expiry() == {"serving": leaf.not_valid_after_utc.timestamp(), "ca": ca.not_valid_after_utc.timestamp()}
+    (tmp_path / "ca.crt").unlink()
+    ctx._checked = 0
+    assert set(ctx.expiry()) == {"serving"}
+
+
+def test_a_changed_client_ca_is_reloaded(tmp_path):
+    certs.write_dev_pair(tmp_path, ["localhost"])
+    client_ca = tmp_path / "client-ca.crt"
+    client_ca.write_bytes(certs.pem_cert(certs.make_ca("one")[1]))
+    ctx = certs.ReloadingContext(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(client_ca))
+    first = ctx.get()
+    assert first.verify_mode == ssl.CERT_REQUIRED
+    time.sleep(0.01)
+    client_ca.write_bytes(certs.pem_cert(certs.make_ca("two")[1]))
+    ctx._checked = 0
+    second = ctx.get()
+    assert second is not first
+    assert [c["subject"] for c in second.get_ca_certs()] == [((("commonName", "two"),),)]

@@ -1,0 +1,124 @@
+"""Self-managed certificates: one CA and serving pair per release, kept in a Secret that the replicas
+agree on, copied to the directory the server reads, and the CA written into the webhook configurations'
+caBundle. Used by `serve --tls-secret`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+
+from .issue import FILES, SERVING_DAYS, make_ca, make_leaf, pem_cert, pem_key, write_file
+
+RENEW_BEFORE = dt.timedelta(days=30)
+
+
+def _decode_secret(data: dict | None) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (data or {}).items()}
+
+
+def usable(files: dict[str, bytes], names: list[str], now: dt.datetime | None = None) -> bool:
+    """Whether a Secret's pair can be served: all four files, matching, covering `names`, not expiring soon."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if not all(files.get(f) for f in FILES):
+        return False
+    try:
+        cert = x509.load_pem_x509_certificate(files["tls.crt"])
+        ca = x509.load_pem_x509_certificate(files["ca.crt"])
+        key = serialization.load_pem_private_key(files["tls.key"], None)
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    covered = {str(n) for n in san.get_values_for_type(x509.DNSName)} | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    same_key = key.public_key().public_numbers() == cert.public_key().public_numbers()
+    try:
+        cert.verify_directly_issued_by(ca)  # the name alone is not enough: every CA we make has the same one
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return (same_key and set(names) <= covered
+            and cert.not_valid_after_utc - now > RENEW_BEFORE and ca.not_valid_after_utc - now > RENEW_BEFORE)
+
+
+def new_files(old: dict[str, bytes], names: list[str]) -> dict[str, bytes]:
+    """A new serving pair, under the old CA while it is still good (the caBundle then stays put)."""
+    try:
+        ca_cert = x509.load_pem_x509_certificate(old["ca.crt"])
+        ca_key = serialization.load_pem_private_key(old["ca.key"], None)
+        if ca_cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=SERVING_DAYS):
+            raise ValueError("CA expires too soon")
+    except (KeyError, ValueError, TypeError):
+        ca_key, ca_cert = make_ca()
+    key, cert = make_leaf(ca_key, ca_cert, names)
+    return {"ca.crt": pem_cert(ca_cert), "ca.key": pem_key(ca_key), "tls.crt": pem_cert(cert), "tls.key": pem_key(key)}
+
+
+def ensure_secret(api_client, namespace: str, name: str, names: list[str]) -> dict[str, bytes]:
+    """Read the Secret and, when it holds no usable pair, fill it; replicas racing agree on one.
+
+    Writes use the Secret's resourceVersion: a replica that loses the race gets 409 Conflict (or
+    AlreadyExists), reads again, and serves the winner's certificate instead of minting its own.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    for _ in range(10):
+        try:
+            secret = core.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            secret = None
+        files = _decode_secret(secret.data if secret else None)
+        if usable(files, names):
+            return files
+        fresh = new_files(files, names)
+        encoded = {k: base64.b64encode(v).decode() for k, v in fresh.items()}
+        try:
+            if secret is None:
+                core.create_namespaced_secret(namespace, client.V1Secret(
+                    metadata=client.V1ObjectMeta(name=name, namespace=namespace), type="Opaque", data=encoded))
+            else:
+                secret.data = encoded
+                core.replace_namespaced_secret(name, namespace, secret)  # carries resourceVersion
+            return fresh
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # Another replica wrote first: read theirs.
+    raise RuntimeError(f"could not settle the certificate in Secret {namespace}/{name}")
+
+
+def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
+    """Write the CA into every webhook of the named Mutating and Validating configurations; return how many changed."""
+    from kubernetes import client
+
+    adm = client.AdmissionregistrationV1Api(api_client)
+    bundle = base64.b64encode(ca_pem).decode()
+    changed = 0
+    for read, patch in ((adm.read_mutating_webhook_configuration, adm.patch_mutating_webhook_configuration),
+                        (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration)):
+        obj = read(configuration)
+        ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+               for i, w in enumerate(obj.webhooks or []) if w.client_config.ca_bundle != bundle]
+        if ops:
+            patch(configuration, ops)
+            changed += len(ops)
+    return changed
+
+
+def write_served(cert_dir: Path, files: dict[str, bytes]) -> bool:
+    """Put the Secret's pair where the server reads it; True when anything changed."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    changed = False
+    for fname, private in (("ca.crt", False), ("tls.key", True), ("tls.crt", False)):
+        path = cert_dir / fname
+        if not path.exists() or path.read_bytes() != files[fname]:
+            write_file(path, files[fname], private)
+            changed = True
+    return changed

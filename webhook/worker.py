@@ -1,0 +1,624 @@
+"""A gunicorn worker that slow or stalled clients cannot starve (SPEC 7).
+
+Gunicorn stays the process manager (master, workers restarted when they die or stop reporting,
+graceful drain on SIGTERM); this worker replaces `gthread`, where a connection held a thread from
+accept to response, so eight clients that sent three bytes and stalled held every thread.
+
+Here one asyncio event loop per worker does all the waiting, and threads only ever see whole requests:
+
+- accept, then TLS with `loop.start_tls(..., ssl_handshake_timeout=)`, the context asked of gunicorn's
+  `ssl_context` hook per connection (the webhook's hook answers its reloading context, so a rotated
+  certificate is served to new connections without a restart);
+- HTTP/1.1 parsed with h11, under a deadline that starts at a request's first byte (or at the end of
+  the handshake, for a connection's first request) and covers its head and whole body; the head bounded
+  by gunicorn's limit_request_* settings, the body by the max-body limit;
+- a request read in full goes to a small pool of threads (gunicorn's `threads`) running the WSGI app,
+  and the answer is written back from the loop; keep-alive is honoured (gunicorn's `keepalive`, idle
+  time between requests), so the API server's connections are reused.
+
+A connection past its deadline is closed; it never held a thread, so other clients do not wait for it.
+A body over the limit is answered by the app (413, from CONTENT_LENGTH, with an empty input) as soon as
+the limit is passed, and the rest is read and dropped (bounded) so the client reads the answer.
+
+Options the worker needs beyond gunicorn's settings come from the gunicorn application object's
+`worker_options` attribute (a `WorkerOptions`); a listener named there as the metrics address is
+served in plain HTTP with the application's `metrics_app()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import unquote_to_bytes, urlsplit
+
+import h11
+from gunicorn import sock as gunicorn_sock
+from gunicorn.workers import base
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_MAX_BODY = 7 * 1024 * 1024
+DRAIN_LIMIT = 64 * 1024 * 1024  # what is read and dropped after a 413, at most, before closing instead
+HEAD_LIMIT = 64 * 1024          # request line and headers together (h11's incomplete-event bound)
+SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
+
+WSGIApp = Callable[[dict, Callable], Any]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    handshake_timeout: float = DEFAULT_TIMEOUT   # accept to end of the TLS handshake
+    request_timeout: float = DEFAULT_TIMEOUT     # first byte of a request to its last
+    max_body: int = DEFAULT_MAX_BODY
+    metrics_address: tuple[str, int] | None = None  # a listener served in plain HTTP by metrics_app()
+
+
+# Connection states
+HANDSHAKE, IDLE, READING, BUSY, CLOSED = range(5)
+
+
+class Worker(base.Worker):
+    """The gunicorn worker class: `worker_class = "webhook.worker.Worker"`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.connections: set[Connection] = set()
+        self.servers: list[asyncio.AbstractServer] = []
+        self.quick = False
+        self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
+
+    @classmethod
+    def check_config(cls, cfg, log):
+        pass
+
+    # ---- process setup (gunicorn calls init_process after fork) ----
+
+    def init_process(self):
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        super().init_process()
+
+    def init_signals(self):
+        for s in self.SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        self.loop.add_signal_handler(signal.SIGTERM, self._graceful)
+        self.loop.add_signal_handler(signal.SIGQUIT, self._quick)
+        self.loop.add_signal_handler(signal.SIGINT, self._quick)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.log.reopen_files)
+        self.loop.add_signal_handler(signal.SIGWINCH, lambda: None)
+        self.loop.add_signal_handler(signal.SIGABRT, self._abort)
+
+    def _graceful(self):
+        self.alive = False
+
+    def _quick(self):
+        self.alive = False
+        self.quick = True
+        self.cfg.worker_int(self)
+
+    def _abort(self):
+        self.alive = False
+        self.cfg.worker_abort(self)
+        sys.exit(1)
+
+    def load_wsgi(self):
+        super().load_wsgi()
+        self.metrics_wsgi = None
+        if self.options.metrics_address and hasattr(self.app, "metrics_app"):
+            self.metrics_wsgi = self.app.metrics_app()
+
+    # ---- serving ----
+
+    def run(self):
+        self.threads = AppThreads(self.cfg.threads, self.loop, self.log)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except Exception:
+            self.log.exception("worker failed")
+        finally:
+            self.threads.stop()
+            try:
+                self.loop.close()
+            except Exception:
+                pass
+
+    def _is_metrics(self, listener) -> bool:
+        want = self.options.metrics_address
+        if not want or self.metrics_wsgi is None:
+            return False
+        try:
+            host, port = listener.sock.getsockname()[:2]
+        except (OSError, ValueError):
+            return False
+        return port == want[1] and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost"))
+
+    async def _serve(self):
+        loop = self.loop
+        for listener in self.sockets:
+            metrics = self._is_metrics(listener)
+            tls = self.cfg.is_ssl and not metrics
+            app = self.metrics_wsgi if metrics else self.wsgi
+            try:
+                host, port = listener.sock.getsockname()[:2]
+            except (OSError, ValueError):
+                host, port = "", 0
+            site = Site(self, app, tls, str(host), str(port))
+            self.servers.append(await loop.create_server(lambda site=site: Connection(site), sock=listener.sock,
+                                                         backlog=self.cfg.backlog, start_serving=True))
+        stuck_after = max(self.timeout, 1)
+        while self.alive:
+            now = loop.time()
+            if not self._sweep(now, stuck_after):
+                self.notify()  # a thread stuck in the app past the worker timeout stops this, and the
+                # master replaces the worker
+            if self.ppid != os.getppid():
+                self.log.info("Parent changed, shutting down: %s", self)
+                break
+            if self.nr >= self.max_requests:
+                self.log.info("Autorestarting worker after current request.")
+                break
+            await asyncio.sleep(SWEEP_EVERY)
+        await self._shutdown()
+
+    def _sweep(self, now: float, stuck_after: float) -> bool:
+        """Close connections past their deadline; True when a request has been with the app too long."""
+        stuck = False
+        for conn in list(self.connections):
+            if (conn.deadline and now >= conn.deadline) or (conn.write_deadline and now >= conn.write_deadline):
+                conn.expire(now)
+            elif conn.state == BUSY and conn.busy_since and now - conn.busy_since > stuck_after:
+                stuck = True
+        if stuck:
+            self.log.error("a request has been with the application for over %ss: not reporting alive", stuck_after)
+        return stuck
+
+    def admit(self, conn: Connection) -> bool:
+        """Room for one more connection (gunicorn's worker_connections): the longest idle one gives way."""
+        if len(self.connections) < self.cfg.worker_connections:
+            self.connections.add(conn)
+            return True
+        idle = [c for c in self.connections if c.state == IDLE]
+        if not idle:
+            return False
+        min(idle, key=lambda c: c.idle_since).close()
+        self.connections.add(conn)
+        return True
+
+    async def _shutdown(self):
+        for server in self.servers:
+            server.close()  # this worker's copy of the listening sockets: no new connections here
+        for conn in list(self.connections):
+            if conn.state in (IDLE, HANDSHAKE):
+                conn.close()
+        if not self.quick:
+            deadline = self.loop.time() + self.cfg.graceful_timeout
+            while self.connections and self.loop.time() < deadline and not self.quick:
+                self.notify()
+                for conn in list(self.connections):
+                    if conn.state == IDLE:
+                        conn.close()
+                    elif conn.deadline and self.loop.time() >= conn.deadline:
+                        conn.expire(self.loop.time())
+                await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.abort()
+
+
+class Site:
+    """What the connections of one listener share."""
+
+    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: str):
+        self.worker, self.app, self.tls = worker, app, tls
+        self.loop = worker.loop
+        self.cfg = worker.cfg
+        self.options = worker.options
+        cfg = worker.cfg
+        self.limit_line = cfg.limit_request_line
+        self.limit_fields = cfg.limit_request_fields
+        self.limit_field_size = cfg.limit_request_field_size
+        self.keepalive = float(cfg.keepalive)
+        self.base_environ = {
+            "SCRIPT_NAME": "", "SERVER_NAME": host, "SERVER_PORT": port,
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": cfg.workers > 1, "wsgi.run_once": False,
+            "wsgi.input_terminated": True,
+        }
+
+
+def _error_body(code: int, message: str) -> bytes:
+    return json.dumps({"error": message, "code": code}, separators=(",", ":")).encode()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: handshake, read, hand over, answer, and again while kept alive."""
+
+    def __init__(self, site: Site):
+        self.site = site
+        self.loop = site.loop
+        self.transport: asyncio.Transport | None = None
+        self.raw: asyncio.Transport | None = None
+        self.state = HANDSHAKE
+        self.deadline = 0.0
+        self.idle_since = 0.0
+        self.busy_since = 0.0
+        self.write_deadline = 0.0
+        self.early = False       # application data arrived with the end of the handshake
+        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+        self.request: h11.Request | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.collecting = True   # body kept for the app; False once over the limit (dropped, counted)
+        self.dispatched = False  # the request went to the app (early, when over the limit)
+        self.environ: dict | None = None
+
+    # ---- transport events ----
+
+    def connection_made(self, transport):
+        site = self.site
+        if not site.worker.admit(self):
+            transport.abort()
+            self.state = CLOSED
+            return
+        self.raw = transport
+        peer = transport.get_extra_info("peername") or ("", 0)
+        self.environ = {**site.base_environ, "REMOTE_ADDR": str(peer[0]), "REMOTE_PORT": str(peer[1])}
+        if site.tls:
+            transport.pause_reading()  # nothing is read before the TLS layer takes the transport over
+            self.deadline = self.loop.time() + site.options.handshake_timeout + 1  # backstop to asyncio's
+            self.loop.create_task(self._start_tls(transport))
+        else:
+            self._ready(transport)
+
+    async def _start_tls(self, raw):
+        site = self.site
+        try:
+            context = gunicorn_sock.ssl_context(site.cfg)
+            transport = await self.loop.start_tls(raw, self, context, server_side=True,
+                                                  ssl_handshake_timeout=site.options.handshake_timeout,
+                                                  ssl_shutdown_timeout=site.options.request_timeout)
+        except Exception as e:  # a failed or timed-out handshake, or the client went away
+            if isinstance(e, ConnectionAbortedError) and "taking longer" in str(e):
+                _count_timeout("handshake")
+            raw.abort()
+            self._gone()
+            return
+        if self.state == CLOSED or transport is None:
+            raw.abort()
+            self._gone()
+            return
+        if not site.worker.alive:
+            transport.close()
+            self._gone()
+            return
+        self._ready(transport)
+
+    def _ready(self, transport):
+        self.transport = transport
+        self.state = IDLE
+        # A connection's first request must start soon (it has sent nothing yet); later ones may wait
+        # for the keep-alive time.
+        self.idle_since = self.loop.time()
+        self.deadline = self.idle_since + self.site.options.request_timeout
+        if self.early:
+            self.state = READING
+            self._read()
+
+    def data_received(self, data: bytes):
+        if self.state == IDLE:
+            self.state = READING
+            self.deadline = self.loop.time() + self.site.options.request_timeout
+        elif self.state == HANDSHAKE:  # delivered with the handshake's end, before start_tls returned
+            self.early = True
+        elif self.state == CLOSED:
+            return
+        try:
+            self.http.receive_data(data)
+        except RuntimeError:  # data after a close or an error: nothing more to read
+            return
+        if self.state == READING:
+            self._read()
+
+    def eof_received(self):
+        try:
+            self.http.receive_data(b"")
+        except RuntimeError:
+            pass
+        if self.state == READING:
+            self._read()
+        return False  # close our side too
+
+    def connection_lost(self, exc):
+        self._gone()
+
+    def pause_writing(self):
+        # The client does not read what we write: it has the request timeout to start again.
+        self.write_deadline = self.loop.time() + self.site.options.request_timeout
+
+    def resume_writing(self):
+        self.write_deadline = 0.0
+
+    # ---- reading a request ----
+
+    def _read(self):
+        http = self.http
+        while self.state == READING or (self.state == BUSY and self.dispatched and http.their_state is h11.SEND_BODY):
+            try:
+                event = http.next_event()
+            except h11.RemoteProtocolError as e:
+                self._refuse(e.error_status_hint if 400 <= e.error_status_hint < 500 else 400, str(e) or "bad request")
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            kind = type(event)
+            if kind is h11.Data:
+                self._body(event.data)
+            elif kind is h11.Request:
+                if not self._head(event):
+                    return
+            elif kind is h11.EndOfMessage:
+                if self.dispatched:  # the rest of an over-limit body has been dropped
+                    if self.state != BUSY:  # and the answer is out: ready for the next request
+                        self._next_cycle()
+                    return
+                self._dispatch(self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks), self.size)
+                return
+            elif kind is h11.ConnectionClosed:
+                self.close()
+                return
+
+    def _head(self, req: h11.Request) -> bool:
+        site = self.site
+        if site.limit_line and len(req.method) + len(req.target) + 10 > site.limit_line:
+            self._refuse(414, f"the request line is over {site.limit_line} bytes")
+            return False
+        if site.limit_fields and len(req.headers) > site.limit_fields:
+            self._refuse(431, f"more than {site.limit_fields} header fields")
+            return False
+        declared = None
+        for name, value in req.headers:
+            if site.limit_field_size and len(name) + len(value) + 2 > site.limit_field_size:
+                self._refuse(431, f"a header field is over {site.limit_field_size} bytes")
+                return False
+            if name == b"content-length":
+                declared = int(value)
+        self.request, self.chunks, self.size, self.collecting, self.dispatched = req, [], 0, True, False
+        if declared is not None and declared > site.options.max_body:
+            self._over_limit(declared)
+        elif self.http.they_are_waiting_for_100_continue:
+            self._send(self.http.send(h11.InformationalResponse(status_code=100, headers=[])))
+        return True
+
+    def _body(self, data):
+        self.size += len(data)
+        if self.collecting:
+            if self.size > self.site.options.max_body:
+                self.chunks = []
+                self._over_limit(self.size)
+            else:
+                self.chunks.append(data)
+        elif self.size > DRAIN_LIMIT:
+            self.abort()
+
+    def _over_limit(self, length: int):
+        """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
+        self.collecting = False
+        self._dispatch(b"", length)
+
+    # ---- the app ----
+
+    def _dispatch(self, body: bytes, length: int):
+        req = self.request
+        env = self.environ.copy()
+        target = req.target
+        if target[:1] != b"/":  # absolute-form, or '*'
+            parts = urlsplit(target)
+            target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
+        path, _, query = target.partition(b"?")
+        env["REQUEST_METHOD"] = req.method.decode("ascii")
+        env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
+        env["QUERY_STRING"] = query.decode("latin-1")
+        env["RAW_URI"] = target.decode("latin-1")
+        env["SERVER_PROTOCOL"] = "HTTP/" + req.http_version.decode("ascii")
+        env["CONTENT_LENGTH"] = str(length)
+        for name, value in req.headers:
+            if b"_" in name:  # ambiguous with '-' once in the environ: dropped, as gunicorn does
+                continue
+            if name == b"content-type":
+                env["CONTENT_TYPE"] = value.decode("latin-1")
+            elif name != b"content-length" and name != b"transfer-encoding":  # the body is whole: its length is known
+                key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+                text = value.decode("latin-1")
+                env[key] = env[key] + "," + text if key in env else text
+        env["wsgi.input"] = io.BytesIO(body)
+        self.dispatched = True
+        self.state = BUSY
+        self.busy_since = self.loop.time()
+        if self.collecting:
+            self.deadline = 0.0  # read in full: the app has it; no client deadline until the answer is out
+            if self.transport is not None:
+                self.transport.pause_reading()
+        self.site.worker.nr += 1
+        self.site.worker.threads.submit(self, self.site.app, env)
+
+    def respond(self, status: str, headers: list[tuple[str, str]], body: bytes):
+        """Called on the loop with the app's answer."""
+        if self.state == CLOSED:
+            return
+        http = self.http
+        code = int(status[:3])
+        fields = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        if not any(k.lower() == b"content-length" for k, _ in fields):
+            fields.append((b"content-length", str(len(body)).encode()))
+        worker = self.site.worker
+        if not worker.alive or not self.site.keepalive or (not self.collecting and self.size > DRAIN_LIMIT):
+            fields.append((b"connection", b"close"))
+        try:
+            out = http.send(h11.Response(status_code=code, headers=fields, reason=status[4:].encode("latin-1")))
+            if body and self.request.method != b"HEAD":
+                out += http.send(h11.Data(data=body))
+            out += http.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            worker.log.exception("the application's answer cannot be sent")
+            self.abort()
+            return
+        self._send(out)
+        self.state = IDLE
+        self.busy_since = 0.0
+        self.idle_since = self.loop.time()
+        if http.our_state is h11.MUST_CLOSE:
+            self.close()
+        elif http.their_state is h11.DONE:
+            self._next_cycle()
+        elif not self.collecting:  # still dropping an over-limit body, under the request's deadline
+            self.state = READING
+            if self.transport is not None:
+                self.transport.resume_reading()
+            self._read()
+        else:
+            self.close()
+
+    def _next_cycle(self):
+        http = self.http
+        try:
+            http.start_next_cycle()
+        except h11.LocalProtocolError:
+            self.close()
+            return
+        self.request, self.chunks, self.size, self.collecting, self.dispatched = None, [], 0, True, False
+        self.state = IDLE
+        self.idle_since = self.loop.time()
+        self.deadline = self.idle_since + self.site.keepalive
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if http.trailing_data[0]:  # a pipelined request already arrived
+            self.state = READING
+            self.deadline = self.loop.time() + self.site.options.request_timeout
+            self._read()
+
+    # ---- writing and closing ----
+
+    def _send(self, data: bytes):
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _refuse(self, code: int, message: str):
+        """Answer a request the worker refuses itself (bad framing, head over the limits), then close."""
+        _count_bad(code)
+        body = _error_body(code, message)
+        try:
+            out = self.http.send(h11.Response(status_code=code, headers=[
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close")]))
+            out += self.http.send(h11.Data(data=body)) + self.http.send(h11.EndOfMessage())
+            self._send(out)
+        except h11.LocalProtocolError:  # past the point where an answer can be sent
+            pass
+        self.close()
+
+    def expire(self, now: float):
+        """A deadline passed: handshake, request or write too slow, or idle too long."""
+        if self.write_deadline and now >= self.write_deadline:
+            _count_timeout("write")
+        elif self.state == READING or (self.state == BUSY and not self.collecting):
+            _count_timeout("request")
+        elif self.state == HANDSHAKE:
+            _count_timeout("handshake")
+        self.abort()
+
+    def close(self):
+        if self.transport is not None:
+            self.transport.close()
+        elif self.raw is not None:
+            self.raw.abort()
+        self._gone()
+
+    def abort(self):
+        if self.transport is not None:
+            self.transport.abort()
+        if self.raw is not None:
+            self.raw.abort()
+        self._gone()
+
+    def _gone(self):
+        self.state = CLOSED
+        self.deadline = self.write_deadline = 0.0
+        self.site.worker.connections.discard(self)
+
+
+class AppThreads:
+    """The threads that run the WSGI app, fed whole requests through a queue; answers go back to the loop."""
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop, self.log = loop, log
+        self.threads = [threading.Thread(target=self._run, name=f"app-{i}", daemon=True) for i in range(max(1, n))]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, conn: Connection, app: WSGIApp, environ: dict) -> None:
+        self.queue.put((conn, app, environ))
+
+    def stop(self) -> None:
+        for _ in self.threads:
+            self.queue.put(None)
+
+    def _run(self):
+        get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
+        while (item := get()) is not None:
+            conn, app, environ = item
+            status, headers, body = self._call(app, environ)
+            try:
+                call_soon(conn.respond, status, headers, body)
+            except RuntimeError:  # the loop is closed: the worker is exiting
+                return
+
+    def _call(self, app: WSGIApp, environ: dict) -> tuple[str, list, bytes]:
+        started: list = []
+        written: list[bytes] = []
+
+        def start_response(status, headers, exc_info=None):
+            if exc_info and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return written.append
+
+        try:
+            result = app(environ, start_response)
+            try:
+                body = b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            if written:
+                body = b"".join(written) + body
+            return started[0], started[1], body
+        except Exception:
+            self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
+            return ("500 Internal Server Error", [("Content-Type", "application/json")],
+                    _error_body(500, "internal error"))
+
+
+def _count_timeout(stage: str) -> None:
+    try:
+        from . import metrics
+        metrics.CLIENT_TIMEOUTS.labels(stage).inc()
+    except Exception:
+        pass
+
+
+def _count_bad(code: int) -> None:
+    try:
+        from . import metrics
+        metrics.BAD_REQUESTS.labels(str(code)).inc()
+    except Exception:
+        pass
