@@ -269,38 +269,91 @@ def source_date_epoch() -> int:
     return int(got.stdout.strip()) if got.returncode == 0 and got.stdout.strip() else 0
 
 
-def build_layout(registry: Registry, out: Path, *, no_cache: bool = False, rewrite_timestamp: bool = True,
-                 kit: BuildKit | None = None) -> Path:
-    """The project's Dockerfile built on the Debian base (pushed to `registry`) into the OCI layout `out`."""
+@dataclass(frozen=True)
+class Context:
+    """A copy of the build context (what .dockerignore admits, plus the Dockerfile) and its
+    SOURCE_DATE_EPOCH, taken once: every build of a session builds the same bytes, whatever else is
+    edited or committed in the working tree meanwhile."""
+    dir: Path
+    epoch: int
+
+
+def snapshot_context(dest: Path) -> Context:
+    admitted = [line.strip()[1:] for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip().startswith("!")]
+    epoch = source_date_epoch()
+    for rel in ["Dockerfile", ".dockerignore", *admitted]:
+        src, dst = ROOT / rel, dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, dst)
+    return Context(dest, epoch)
+
+
+def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: bool = False,
+                 rewrite_timestamp: bool = True, kit: BuildKit | None = None) -> Path:
+    """The Dockerfile of `context` built on the Debian base (pushed to `registry`) into the OCI layout `out`,
+    by a buildkitd of its own unless `kit` is given."""
     base = push_base(registry)
     out.parent.mkdir(parents=True, exist_ok=True)
-    build_args = {"PYTHON_BASE": base, "SOURCE_DATE_EPOCH": str(source_date_epoch())}
+    build_args = {"PYTHON_BASE": base, "SOURCE_DATE_EPOCH": str(context.epoch)}
     with contextlib.ExitStack() as stack:
         if kit is None:
             started = time.monotonic()
             kit = stack.enter_context(buildkitd([registry.host]))
             TIMINGS["buildkitd start"] = time.monotonic() - started
         started = time.monotonic()
-        kit.build(ROOT, out, build_args, proxy_secrets(out.parent), no_cache=no_cache,
+        kit.build(context.dir, out, build_args, proxy_secrets(out.parent), no_cache=no_cache,
                   rewrite_timestamp=rewrite_timestamp)
         TIMINGS[f"image build ({out.name})"] = time.monotonic() - started
     return out
 
 
-_LAYOUT: list[Path] = []
-_PUSHED: dict[str, str] = {}
+def layout_digest(layout: Path) -> str:
+    """The manifest digest of the one image in an OCI layout directory."""
+    return json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+
+
+@dataclass
+class _Session:
+    work: Path
+    context: Context
+    layout: Path | None = None
+    pushed: dict[str, str] = field(default_factory=dict)
+
+
+_SESSION: list[_Session] = []
+
+
+def _session() -> _Session:
+    if not _SESSION:
+        work = Path(tempfile.mkdtemp(prefix="dispatch-admission-image-"))
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
+        _SESSION.append(_Session(work, snapshot_context(work / "context")))
+    return _SESSION[0]
 
 
 def build_webhook_image(registry: Registry) -> str:
     """The webhook image, built once per session, pushed to `registry`: `HOST/dispatch-admission@sha256:...`."""
-    if registry.host in _PUSHED:
-        return _PUSHED[registry.host]
-    if not _LAYOUT:
-        work = Path(tempfile.mkdtemp(prefix="dispatch-admission-image-"))
-        atexit.register(shutil.rmtree, work, ignore_errors=True)
-        _LAYOUT.append(build_layout(registry, work / "layout"))
-    _PUSHED[registry.host] = registry.push_oci_layout(REPO, _LAYOUT[0])
-    return _PUSHED[registry.host]
+    session = _session()
+    if registry.host not in session.pushed:
+        if session.layout is None:
+            session.layout = build_layout(registry, session.context, session.work / "layout")
+        session.pushed[registry.host] = registry.push_oci_layout(REPO, session.layout)
+    return session.pushed[registry.host]
+
+
+def rebuild_from_scratch(registry: Registry) -> Path:
+    """The session's context built again by a new buildkitd with no cache (same base, same
+    SOURCE_DATE_EPOCH): an OCI layout whose digest equals the first build's when the build is reproducible."""
+    session = _session()
+    build_webhook_image(registry)
+    out = session.work / "rebuild"
+    if not out.exists():
+        build_layout(registry, session.context, out, no_cache=True)
+    return out
 
 
 # ---- looking into a built image ----

@@ -187,3 +187,15 @@ def test_image_size(built, record_property):
     # Our layers are the venv (kubernetes' client alone, with its bytecode, is about 130 MB of it): a jump
     # past this bound is a new heavy dependency or a build tool gone in.
     assert ours_uncompressed < 256 * 2**20
+
+
+def test_a_second_build_from_scratch_is_the_same_image(built):
+    """Reproducible: the same context, base and SOURCE_DATE_EPOCH built again by a new buildkitd with no
+    cache gives the same manifest digest. This needs BuildKit's rewrite-timestamp (file times in the layers
+    clamped to SOURCE_DATE_EPOCH) and hash-based bytecode (pip's own compile writes each .pyc with its
+    source's install time, which no timestamp rewriting reaches)."""
+    again = image_mod.rebuild_from_scratch(built.registry)
+    first = built.manifest
+    second = json.loads((again / "blobs" / "sha256" / image_mod.layout_digest(again).split(":")[1]).read_text())
+    assert [layer["digest"] for layer in second["layers"]] == [layer["digest"] for layer in first["layers"]]
+    assert image_mod.layout_digest(again) == built.ref.split("@")[1]
