@@ -70,7 +70,8 @@ def configure(app, *, config_file: str | None, explicit: dict, certfile: str, ke
               warn: Callable[[str], None]) -> None:
     """Fill `app.cfg` (a gunicorn Application's) in the order above."""
     cfg = app.cfg
-    for key, value in DEFAULTS.items():
+    ours = fixed(certfile, keyfile, tls)
+    for key, value in {**DEFAULTS, **ours}.items():
         cfg.set(key, value)
     parser = cfg.parser()
     env_args = parser.parse_args(cfg.get_cmd_args_from_env())
@@ -85,12 +86,11 @@ def configure(app, *, config_file: str | None, explicit: dict, certfile: str, ke
     for key, value in explicit.items():
         if value is not None:
             cfg.set(key, value)
-    for key, value in fixed(certfile, keyfile, tls).items():
-        current = cfg.settings[key].get()
-        if key == "worker_class" and cfg.settings[key].value not in (cfg.settings[key].default, WORKER_CLASS):
-            warn(f"gunicorn setting worker_class={cfg.settings[key].value!r} ignored: serve uses {WORKER_CLASS}")
-        elif key in ("certfile", "keyfile") and current not in (None, value):
-            warn(f"gunicorn setting {key}={current!r} ignored: serve reads the pair from --cert-dir")
+    for key, value in ours.items():
+        current = cfg.settings[key].value
+        if current is not value and current != value:
+            warn(f"gunicorn setting {key}={current!r} ignored: serve sets it"
+                 + (" (the webhook's worker)" if key == "worker_class" else " (TLS from --cert-dir)"))
         cfg.set(key, value)
     user_exit = cfg.child_exit if cfg.child_exit is not default_child_exit else None
     cfg.set("child_exit", _mark_dead(user_exit))

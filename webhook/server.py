@@ -191,18 +191,30 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 # ---- serve: gunicorn ----
 
 
-def metrics_app(environ, start_response):
-    """The plain-HTTP listener of `serve --metrics-bind`: GET /metrics and nothing else."""
-    if environ.get("PATH_INFO") != "/metrics":
-        body = b'{"error":"only /metrics is served on this port","code":404}'
-        start_response("404 Not Found", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+HEALTH_PATHS = ("/healthz", "/readyz")
+
+
+def ops_app(main: Callable) -> Callable:
+    """The plain-HTTP listener of `serve --metrics-bind`: GET /metrics, and /healthz and /readyz from the
+    main app (for kubelet probes when the TLS port requires client certificates); nothing else, so a
+    NetworkPolicy can open this port to Prometheus without opening the review paths."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO")
+        if path in HEALTH_PATHS:
+            return main(environ, start_response)
+        if path != "/metrics":
+            body = b'{"error":"only /metrics, /healthz and /readyz are served on this port","code":404}'
+            start_response("404 Not Found", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
+            return [b""]
+        body, content_type = metrics.exposition()
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
-    if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-        start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
-        return [b""]
-    body, content_type = metrics.exposition()
-    start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-    return [body]
+
+    return app
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -303,7 +315,7 @@ def _self_managed_certificates(opts: _Options) -> None:
 def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, workers: int | None, certfile: str,
                          keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
                          metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                         max_body: int = DEFAULT_MAX_BODY, metrics_wsgi: Callable | None = None):
+                         max_body: int = DEFAULT_MAX_BODY, ops: Callable[[Callable], Callable] | None = None):
     """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
     serves its app with this too, so the two are compared on equal terms)."""
     from gunicorn.app.base import Application
@@ -329,7 +341,8 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
             return load()
 
         def metrics_app(self):
-            return metrics_wsgi
+            """The WSGI app of the metrics listener, made in the worker after the main one."""
+            return ops(self.wsgi()) if ops else None
 
     return Server()
 
@@ -376,7 +389,7 @@ def run(args) -> int:
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
                                   metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
-                                  max_body=opts.max_body, metrics_wsgi=metrics_app)
+                                  max_body=opts.max_body, ops=ops_app)
     cfg = server.cfg
     log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,

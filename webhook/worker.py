@@ -182,14 +182,20 @@ class Worker(base.Worker):
         return stuck
 
     def admit(self, conn: Connection) -> bool:
-        """Room for one more connection (gunicorn's worker_connections): the longest idle one gives way."""
+        """Room for one more connection (gunicorn's worker_connections). At the limit the longest-idle
+        keep-alive connection gives way, else the waiting one nearest its deadline (handshake or request
+        not complete: the likeliest staller); connections with the app are never dropped."""
         if len(self.connections) < self.cfg.worker_connections:
             self.connections.add(conn)
             return True
         idle = [c for c in self.connections if c.state == IDLE]
-        if not idle:
-            return False
-        min(idle, key=lambda c: c.idle_since).close()
+        if idle:
+            min(idle, key=lambda c: c.idle_since).close()
+        else:
+            waiting = [c for c in self.connections if c.state in (HANDSHAKE, READING) and c.deadline]
+            if not waiting:
+                return False
+            min(waiting, key=lambda c: c.deadline).abort()
         self.connections.add(conn)
         return True
 
@@ -252,6 +258,7 @@ class Connection(asyncio.Protocol):
         self.busy_since = 0.0
         self.write_deadline = 0.0
         self.early = False       # application data arrived with the end of the handshake
+        self.served = 0          # answers written on this connection
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
         self.request: h11.Request | None = None
         self.chunks: list[bytes] = []
@@ -324,7 +331,7 @@ class Connection(asyncio.Protocol):
             self.http.receive_data(data)
         except RuntimeError:  # data after a close or an error: nothing more to read
             return
-        if self.state == READING:
+        if self.state == READING or (self.state == BUSY and not self.collecting):
             self._read()
 
     def eof_received(self):
@@ -471,6 +478,7 @@ class Connection(asyncio.Protocol):
             self.abort()
             return
         self._send(out)
+        self.served += 1
         self.state = IDLE
         self.busy_since = 0.0
         self.idle_since = self.loop.time()
@@ -528,7 +536,8 @@ class Connection(asyncio.Protocol):
         """A deadline passed: handshake, request or write too slow, or idle too long."""
         if self.write_deadline and now >= self.write_deadline:
             _count_timeout("write")
-        elif self.state == READING or (self.state == BUSY and not self.collecting):
+        elif self.state == READING or (self.state == BUSY and not self.collecting) or (
+                self.state == IDLE and not self.served):  # a first request never started counts too
             _count_timeout("request")
         elif self.state == HANDSHAKE:
             _count_timeout("handshake")

@@ -1,0 +1,315 @@
+"""`serve` as a user configures it, against the real server process: the worker's HTTP handling (request
+limits, 100-continue, pipelining, bad framing), the metrics port, certificate readiness and metrics,
+warn mode and /runtimes, and gunicorn's own configuration (-c FILE, GUNICORN_CMD_ARGS)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from webhook import certs
+from tests.helpers import EXAMPLES, review, runtime, trainjob
+from tests.process import ROOT, free_port, stop, webhook_server
+from tests.unit.test_certs import rotate_serving
+
+SETTINGS = str(EXAMPLES / "settings" / "route1.json")
+RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
+BODY = json.dumps(review(trainjob())).encode()
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, str]:
+    """(status, body); (0, error) when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError) as e:
+        return 0, repr(e)
+
+
+def samples(text: str, name: str) -> list[tuple[dict, float]]:
+    """The samples of one metric in a Prometheus text exposition, labels parsed."""
+    found = []
+    for labels, value in re.findall(r"^" + name + r"\{(.*)\} (\S+)$", text, re.M):
+        found.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
+    return found
+
+
+def wait_for(check, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    """A server with its metrics on a port of their own."""
+    tmp = tmp_path_factory.mktemp("ops")
+    metrics_port = free_port()
+    with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--metrics-bind",
+                        f"127.0.0.1:{metrics_port}") as (base, ca, log, proc):
+        yield base, ca, log, proc, f"http://127.0.0.1:{metrics_port}"
+
+
+def tls_socket(base: str, ca: str) -> ssl.SSLSocket:
+    port = int(base.rsplit(":", 1)[1])
+    ctx = ssl.create_default_context(cafile=ca)
+    return ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+
+
+def read_response(sock: ssl.SSLSocket, buffered: bytearray) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 response with a Content-Length, from `buffered` and then the socket."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before a response"
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    code = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        rest += chunk
+    buffered[:] = rest[length:]
+    return code, headers, rest[:length]
+
+
+def request_bytes(path=b"/mutate", body=BODY, extra=b"") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+# ---- the worker's HTTP handling ----
+
+def test_pipelined_requests_are_answered_in_order(ops):
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(request_bytes() + request_bytes(b"/validate") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        buffered = bytearray()
+        first, second, third = (read_response(s, buffered) for _ in range(3))
+    assert first[0] == second[0] == third[0] == 200
+    assert json.loads(first[2])["response"]["allowed"] is True and "patch" in json.loads(first[2])["response"]
+    assert json.loads(second[2])["response"]["allowed"] is False  # /validate: the entry is missing
+    assert json.loads(third[2]) == {"status": "ok"}
+
+
+def test_expect_100_continue(ops):
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(BODY))
+        buffered = bytearray()
+        assert read_response(s, buffered)[0] == 100
+        s.sendall(BODY)
+        code, _, body = read_response(s, buffered)
+    assert code == 200 and json.loads(body)["response"]["allowed"] is True
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70000, 431),  # head over 64 KiB, unfinished
+    (b"NOT A REQUEST\r\n\r\n", 400),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello", 400),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+])
+def test_request_limits_and_bad_framing(ops, raw, code):
+    """gunicorn's limit_request_line/fields/field_size hold (414, 431), a head over 64 KiB is 431, and bad
+    framing is 400; each answered in JSON, then the connection is closed."""
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(raw)
+        buffered = bytearray()
+        got, headers, body = read_response(s, buffered)
+        assert got == code and json.loads(body)["code"] == code
+        assert headers.get("connection") == "close"
+        assert s.recv(1) == b""
+
+
+def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
+    """The app answers 413 as soon as the limit is passed; the rest is read and dropped, so the client
+    reads the answer and the connection serves the next request."""
+    base, ca, *_ = ops
+    big = b"x" * (8 * 1024 * 1024)
+    with tls_socket(base, ca) as s:
+        s.sendall(request_bytes(body=big) + request_bytes())
+        buffered = bytearray()
+        first = read_response(s, buffered)
+        second = read_response(s, buffered)
+    assert first[0] == 413 and json.loads(first[2])["code"] == 413
+    assert second[0] == 200 and json.loads(second[2])["response"]["allowed"] is True
+
+
+# ---- the metrics port ----
+
+def test_metrics_on_a_port_of_their_own(ops):
+    base, ca, log, proc, metrics_url = ops
+    requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca, timeout=10)
+    code, text = get(metrics_url + "/metrics")
+    assert code == 200 and 'dispatch_admission_reviews_total{endpoint="mutate",outcome="allowed",sentinel=""}' in text
+    # The probes' paths are there too (the kubelet has no client certificate for the TLS port)...
+    assert get(metrics_url + "/healthz") == (200, '{"status":"ok"}')
+    assert get(metrics_url + "/readyz")[0] == 200
+    # ... and nothing else: no review path in plain HTTP, and no metrics on the TLS port.
+    for path in ("/mutate", "/validate", "/runtimes"):
+        req = urllib.request.Request(metrics_url + path, data=BODY, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 404
+    assert requests.get(base + "/metrics", verify=ca, timeout=5).status_code == 404
+
+
+def test_certificate_and_runtime_metrics(ops):
+    base, ca, log, proc, metrics_url = ops
+    text = get(metrics_url + "/metrics")[1]
+    cert_dir = ca.rsplit("/", 1)[0]
+    serving = x509.load_pem_x509_certificate(open(f"{cert_dir}/tls.crt", "rb").read())
+    authority = x509.load_pem_x509_certificate(open(ca, "rb").read())
+
+    expiry = samples(text, "dispatch_admission_certificate_not_after_seconds")
+    assert sorted((labels["certificate"], value) for labels, value in expiry) == [
+        ("ca", authority.not_valid_after_utc.timestamp()), ("serving", serving.not_valid_after_utc.timestamp())]
+    # One series per runtime (not one per worker): the stock runtimes, each judged by the rules.
+    ready = [(tuple(sorted(labels.items())), value) for labels, value in samples(text, "dispatch_admission_runtime_ready")]
+    assert len(ready) == len({k for k, _ in ready})
+    assert ((("kind", "ClusterTrainingRuntime"), ("name", "torch-distributed"), ("namespace", "")), 1.0) in ready
+
+
+# ---- readiness: a certificate that cannot be served is not ready ----
+
+def _expired_pair(cert_dir):
+    certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
+    ca_key = serialization.load_pem_private_key((cert_dir / "ca.key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((cert_dir / "ca.crt").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(ca_cert.subject).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=2)).not_valid_after(now - dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    certs.write_file(cert_dir / "tls.key", certs.pem_key(key), True)
+    certs.write_file(cert_dir / "tls.crt", certs.pem_cert(cert), False)
+
+
+@contextlib.contextmanager
+def serving_with_ops_port(tmp, cert_dir, metrics_port, *args):
+    """serve, waited for on its plain-HTTP port (the TLS port's certificate may not verify)."""
+    log = tmp / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "webhook", "serve", "--settings", SETTINGS, *RUNTIME_ARGS,
+                                 "--cert-dir", str(cert_dir), "--bind", f"127.0.0.1:{free_port()}",
+                                 "--metrics-bind", f"127.0.0.1:{metrics_port}", *args],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/healthz")[0] == 200, 30), log.read_text()[-3000:]
+        yield log
+    finally:
+        stop(proc)
+
+
+def test_readyz_fails_while_the_certificate_is_expired(tmp_path):
+    cert_dir = tmp_path / "certs"
+    _expired_pair(cert_dir)
+    metrics_port = free_port()
+    url = f"http://127.0.0.1:{metrics_port}/readyz"
+    with serving_with_ops_port(tmp_path, cert_dir, metrics_port):
+        code, body = get(url)
+        assert code == 503 and json.loads(body)["checks"] == {"settings": True, "certificate": False, "runtimes": True}
+        rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
+        assert wait_for(lambda: get(url)[0] == 200), "a renewed certificate makes it ready again"
+
+
+# ---- warn mode and /runtimes ----
+
+def test_warn_mode_counts_and_logs_what_enforce_would_deny(tmp_path):
+    metrics_port = free_port()
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--enforcement", "warn",
+                        "--metrics-bind", f"127.0.0.1:{metrics_port}") as (base, ca, log, proc):
+        doc = review(trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]), uid="warned-1")
+        got = requests.post(base + "/validate", json=doc, verify=ca, timeout=10).json()["response"]
+        assert got["allowed"] is True and any(w.startswith("would deny: ") for w in got["warnings"])
+        text = get(f"http://127.0.0.1:{metrics_port}/metrics")[1]
+        counted = samples(text, "dispatch_admission_would_deny_total")
+        assert counted and all(value == 1 for _, value in counted)
+        line = wait_for(lambda: next((json.loads(l) for l in log.read_text().splitlines() if '"warned-1"' in l), None))
+        assert line and line["allowed"] is True
+        assert sorted((w["sentinel"], w["rule"]) for w in line["would_deny"]) == sorted(
+            (labels["sentinel"], labels["rule"]) for labels, _ in counted)
+
+
+def test_runtimes_path_warns_and_allows(ops):
+    base, ca, *_ = ops
+    broken = runtime("no-node", jobs={"trainer": {"containers": [{"name": "main"}]}})
+    doc = review(broken, resource="clustertrainingruntimes")
+    doc["request"]["kind"] = {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "ClusterTrainingRuntime"}
+    got = requests.post(base + "/runtimes", json=doc, verify=ca, timeout=10).json()["response"]
+    assert got["allowed"] is True and got["warnings"] and got["warnings"][0].startswith("R3: ")
+    good = requests.post(base + "/runtimes", json=review(runtime("fine"), resource="clustertrainingruntimes"),
+                         verify=ca, timeout=10).json()["response"]
+    assert good["allowed"] is True and "warnings" not in good
+
+
+# ---- gunicorn's own configuration ----
+
+def _started_line(log) -> dict:
+    return next(json.loads(l) for l in log.read_text().splitlines() if '"msg": "starting"' in l)
+
+
+def _workers(pid: int) -> int:
+    return len(subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split())
+
+
+def test_gunicorn_configuration_file_and_environment(tmp_path):
+    """Precedence: serve's flags, then GUNICORN_CMD_ARGS, then -c FILE, then the webhook's defaults; the
+    worker class and TLS settings stay serve's."""
+    config = tmp_path / "gunicorn.conf.py"
+    config.write_text("threads = 3\nkeepalive = 120\nworkers = 3\nworker_class = 'sync'\n")
+    env = {"GUNICORN_CMD_ARGS": "--keep-alive 90 --workers 4"}
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "-c", str(config), "--workers", "1",
+                        env=env) as (base, ca, log, proc):
+        started = _started_line(log)
+        assert (started["threads"], started["keepalive"], started["workers"]) == (3, 90, 1)
+        assert wait_for(lambda: _workers(proc.pid) == 1)
+        assert "Using worker: webhook.worker.Worker" in log.read_text()
+        assert "worker_class='sync' ignored" in log.read_text()
+        r = requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca, timeout=10)
+        assert r.json()["response"]["allowed"] is True
+    with webhook_server(tmp_path / "b", "--settings", SETTINGS, *RUNTIME_ARGS,
+                        env={"GUNICORN_CMD_ARGS": f"--config {config} --threads 2"}) as (base, ca, log, proc):
+        started = _started_line(log)
+        assert (started["threads"], started["keepalive"], started["workers"]) == (2, 120, 3)
+
+
+def test_read_timeout_is_configurable(tmp_path):
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--read-timeout", "1") as (base, ca, log, proc):
+        with tls_socket(base, ca) as s:
+            s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+            started = time.monotonic()
+            s.settimeout(10)
+            assert s.recv(1) == b""
+            assert 0.9 <= time.monotonic() - started < 5
