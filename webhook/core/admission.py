@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import patch, rules
 from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, ErrInvalid, ErrUnavailable, Reason,
@@ -59,9 +58,8 @@ class Stage(Enum):
     DELETING = "deleting"  # UPDATE of a job being deleted: never refused nor mutated
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One TrainJob review, read once."""
+class Plan(NamedTuple):
+    """One TrainJob review, read once. Immutable (a named tuple: made on every review, it must be cheap)."""
 
     operation: str
     namespace: str
@@ -74,7 +72,7 @@ class Plan:
     own: Own | None = None               # the webhook's entry in the new object
     old_own: Own | None = None           # ... and in the old one (UPDATE)
     entry: Entry | None = None           # what the settings produce for the named runtime
-    time: str = ""                       # the admission time, for a new entry
+    clock: Callable[[], str] = str       # the admission time, for a new entry (read only when one is made)
     reasons: tuple[Reason, ...] = ()     # S1-S3, S6, R1-R7 and faults: all but S4, S5, R8 and SPEC 6.3
     runtime_reasons: tuple[Reason, ...] = ()  # why no entry could be computed (R1-R5, faults)
     spec_same: bool = False              # UPDATE leaving spec as it was
@@ -93,15 +91,13 @@ class Plan:
         return not self.configured or (self.entry is not None and not self.entry.matches(entry))
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     ops: tuple[Op, ...] = ()
     warnings: tuple[str, ...] = ()
     reasons: tuple[Reason, ...] = ()
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What one review decided, for the response, the log line and the metrics."""
 
     uid: str
@@ -161,9 +157,9 @@ def mutation(p: Plan) -> Decision:
                 warnings.append(W_REMOVED)
         elif p.own is None:
             if p.entry is not None and rules.room_for_entry(p.count, reasons):  # R8
-                ops.append(patch.append_op(p.spec, p.entry.json(p.time)))
+                ops.append(patch.append_op(p.spec, p.entry.json(p.clock())))
         elif p.entry is not None and not p.entry.matches(p.own.entry):
-            ops.append(patch.replace_op(p.own.index, p.entry.json(p.time)))  # nobody may pre-seed the mount
+            ops.append(patch.replace_op(p.own.index, p.entry.json(p.clock())))  # nobody may pre-seed the mount
             warnings.append(W_REPLACED)
         if p.configured and _route2(p.settings) and not reasons:
             warnings.append(W_ROUTE2)
@@ -195,7 +191,7 @@ def _mutate_unchanged_spec(p: Plan) -> Decision:
         why = (list(found) + list(p.runtime_reasons))[:1]
         return Decision(warnings=tuple(w_not_added(r) for r in why) or ("no publish entry added",))
     warnings = (W_ROUTE2,) if _route2(p.settings) else ()
-    return Decision((patch.append_op(p.spec, p.entry.json(p.time)),), warnings)
+    return Decision((patch.append_op(p.spec, p.entry.json(p.clock())),), warnings)
 
 
 def validation(p: Plan) -> Decision:
@@ -372,7 +368,8 @@ class Admission:
 
     def review(self, doc: Any, verb: Verb | str) -> tuple[AdmissionReview, Outcome]:
         """Answer one AdmissionReview. Raises BadReview for a body that is not one."""
-        verb = Verb(verb)
+        if verb.__class__ is not Verb:
+            verb = Verb(verb)
         req = parse_review(doc)
         uid, operation = req["uid"], str(req.get("operation", ""))
         if verb is Verb.RUNTIMES:
@@ -421,7 +418,7 @@ class Admission:
         settings = self.settings
         reasons = Reasons()
         spec_value = obj.get("spec")
-        spec = rules.Walk(reasons, rule="S2").obj(spec_value, "spec") or {}
+        spec = spec_value if spec_value.__class__ is dict else rules.Walk(reasons, rule="S2").obj(spec_value, "spec") or {}
         found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
         old_spec: dict = {}
         old_own = None
@@ -438,7 +435,7 @@ class Admission:
                             and json_equal(_without_entry(spec, found.own.index, old_spec), old_spec))
         return Plan(operation, namespace, name, stage, settings, spec_value, found.count, found.readable, found.own,
                     old_own, entry,
-                    self.clock.stamp(), tuple(reasons), tuple(runtime_reasons), spec_same, only_entry_added)
+                    self.clock.stamp, tuple(reasons), tuple(runtime_reasons), spec_same, only_entry_added)
 
     def _runtime(self, spec: dict, namespace: str, env, reasons: Reasons, runtime_reasons: Reasons) -> Entry | None:
         """R1 to R7: read the named runtime; the entry the settings produce for it, when one can be made."""

@@ -7,8 +7,8 @@ A denial is bounded (50 causes, a 16 KiB message), so a huge object cannot make 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 
 class Sentinel(Enum):
@@ -19,17 +19,10 @@ class Sentinel(Enum):
     ErrUnavailable = (503, "ServiceUnavailable", "UnexpectedServerResponse")
     ErrInternal = (500, "InternalError", "InternalError")
 
-    @property
-    def code(self) -> int:
-        return self.value[0]
-
-    @property
-    def reason(self) -> str:
-        return self.value[1]
-
-    @property
-    def cause_type(self) -> str:
-        return self.value[2]
+    def __init__(self, code: int, reason: str, cause_type: str):
+        # Plain attributes (not properties over .value): read on every denial.
+        self.code, self.reason, self.cause_type = code, reason, cause_type
+        self.label = self._name_
 
 
 ErrInvalid = Sentinel.ErrInvalid
@@ -50,8 +43,7 @@ MAX_CAUSES = 50
 MAX_MESSAGE = 16 * 1024
 
 
-@dataclass(frozen=True)
-class Reason:
+class Reason(NamedTuple):
     """One broken rule: which sentinel, which field, what is wrong, and which rule said so."""
 
     sentinel: Sentinel
@@ -64,6 +56,8 @@ class Reason:
 
 
 def primary(reasons) -> Sentinel:
+    if len(reasons) == 1:
+        return reasons[0].sentinel
     return min((r.sentinel for r in reasons), key=_PRECEDENCE.__getitem__)
 
 
@@ -77,12 +71,12 @@ def _bounded(reasons: list[Reason]) -> tuple[list[Reason], int]:
     return kept + [Reason(first, "(more)", f"{left} more reasons left out")], left
 
 
-def message(reasons: list[Reason]) -> str:
+def message(reasons: list[Reason], first: Sentinel | None = None, shown: list[Reason] | None = None) -> str:
     """`SENTINEL: FIELD: TEXT; FIELD: TEXT`; a reason of another sentinel names its own. At most 16 KiB."""
-    first = primary(reasons)
-    shown, _ = _bounded(reasons)
-    parts = [str(r) if r.sentinel is first else f"{r.field}: {r.sentinel.name}: {r.text}" for r in shown]
-    text = f"{first.name}: " + "; ".join(parts)
+    first = first or primary(reasons)
+    shown = shown if shown is not None else _bounded(reasons)[0]
+    parts = [f"{r.field}: {r.text}" if r.sentinel is first else f"{r.field}: {r.sentinel.label}: {r.text}" for r in shown]
+    text = f"{first.label}: " + "; ".join(parts)
     if len(text.encode()) > MAX_MESSAGE:
         cut = text.encode()[: MAX_MESSAGE - 64].decode(errors="ignore")
         text = cut + f" ... ({len(text.encode()) - len(cut.encode())} more bytes left out)"
@@ -96,7 +90,7 @@ def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org"
     return {
         "metadata": {},
         "status": "Failure",
-        "message": message(reasons),
+        "message": message(reasons, first, shown),
         "reason": first.reason,
         "code": first.code,
         "details": {
@@ -104,7 +98,7 @@ def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org"
             "group": group,
             "kind": kind,
             "causes": [
-                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.name}: {r.text}"[:2048], "field": r.field[:1024]}
+                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.label}: {r.text}"[:2048], "field": r.field[:1024]}
                 for r in shown
             ],
         },
@@ -130,14 +124,19 @@ class Reasons(list):
     Each reason is kept once: the same reason found twice (by two walks of one field) is not repeated.
     """
 
+    _seen: set | None = None  # made on the first reason: most reviews find none
+
     def __init__(self, *args):
-        super().__init__(*args)
-        self._seen = set(self)
+        super().__init__()
+        for r in (args[0] if args else ()):
+            self.append(r)
 
     def add(self, sentinel: Sentinel, field: str, text: str, rule: str = "") -> None:
         self.append(Reason(sentinel, field, text, rule))
 
     def append(self, reason: Reason) -> None:
+        if self._seen is None:
+            self._seen = set()
         key = (reason.sentinel, reason.field, reason.text)
         if key not in self._seen:
             self._seen.add(key)

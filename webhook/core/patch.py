@@ -142,29 +142,32 @@ def _pointer(*parts) -> str:
     return JsonPointer.from_parts([str(p) for p in parts]).path  # escapes `~` and `/` per RFC 6901
 
 
+_PATCHES = _pointer(*RUNTIME_PATCHES)  # every operation is on this list (or creates it, or spec)
+
+
 def append_op(spec, entry_json: str) -> Op:
     """Add the entry after the existing entries, creating the list (or spec) where absent."""
     if not isinstance(spec, dict):
-        return Op("add", _pointer("spec"), f'{{"runtimePatches": [{entry_json}]}}')
+        return Op("add", "/spec", f'{{"runtimePatches": [{entry_json}]}}')
     if not isinstance(spec.get("runtimePatches"), list):
-        return Op("add", _pointer(*RUNTIME_PATCHES), f"[{entry_json}]")
-    return Op("add", _pointer(*RUNTIME_PATCHES, "-"), entry_json)
+        return Op("add", _PATCHES, f"[{entry_json}]")
+    return Op("add", _PATCHES + "/-", entry_json)
 
 
 def insert_op(spec: dict, index: int, entry_json: str) -> Op:
     """Put an entry back at `index` (or last, where the list is now shorter)."""
     if not isinstance(spec.get("runtimePatches"), list):
-        return Op("add", _pointer(*RUNTIME_PATCHES), f"[{entry_json}]")
+        return Op("add", _PATCHES, f"[{entry_json}]")
     index = min(index, len(spec["runtimePatches"]))
-    return Op("add", _pointer(*RUNTIME_PATCHES, index), entry_json)
+    return Op("add", f"{_PATCHES}/{index}", entry_json)
 
 
 def replace_op(index: int, entry_json: str) -> Op:
-    return Op("replace", _pointer(*RUNTIME_PATCHES, index), entry_json)
+    return Op("replace", f"{_PATCHES}/{index}", entry_json)
 
 
 def remove_op(index: int) -> Op:
-    return Op("remove", _pointer(*RUNTIME_PATCHES, index))
+    return Op("remove", f"{_PATCHES}/{index}")
 
 
 def encode(ops: Iterable[Op]) -> str:

@@ -15,8 +15,12 @@ def normalise(path: str) -> str:
 
 def at_or_under(path: str, root: str) -> bool:
     """True when `path` is `root` or inside it, after normalisation; case-sensitive."""
-    p, r = normalise(path), normalise(root)
-    return p == r or p.startswith(r.rstrip("/") + "/")
+    return within(normalise(path), normalise(root))
+
+
+def within(path: str, root: str) -> bool:
+    """`at_or_under` for paths already normalised (a rule comparing one path with several roots)."""
+    return path == root or path.startswith(root if root == "/" else root + "/")
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -52,4 +56,4 @@ def skeleton(text: str) -> str:
 
 def looks_under_publish_dir(path: str) -> bool:
     """A path that is not under /opt/dispatch but reads as if it were (a look-alike)."""
-    return not under_publish_dir(path) and under_publish_dir(skeleton(path))
+    return not path.isascii() and not under_publish_dir(path) and under_publish_dir(skeleton(path))

@@ -9,6 +9,7 @@ rule that found it (SPEC 8.1's `rule` label). Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import paths
 from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reasons, Sentinel
@@ -129,16 +130,14 @@ def container_names(pod: PodSpec, lst: str) -> set[str]:
 # ---- the TrainJob, walked once: S1, S2, S3, S6, and the webhook's own entry ----
 
 
-@dataclass(frozen=True)
-class Own:
+class Own(NamedTuple):
     """The webhook's entry in a TrainJob: its index in runtimePatches and its content."""
 
     index: int
     entry: dict
 
 
-@dataclass(frozen=True)
-class Scan:
+class Scan(NamedTuple):
     """What one walk of a TrainJob's spec found."""
 
     count: int                      # runtimePatches entries (of any type)
@@ -198,15 +197,16 @@ def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reas
         for mpath, mount in mounts(container, cpath, walk):
             mount_path = walk.string(mount.get("mountPath"), f"{mpath}.mountPath")
             if mount_path is not None:
-                if paths.under_publish_dir(mount_path):  # S2
+                normal = paths.normalise(mount_path)  # once per mount: S2 and S6 compare it with their roots
+                looks = normal if mount_path.isascii() else paths.normalise(paths.skeleton(mount_path))
+                if paths.within(normal, paths.PUBLISH_DIR):  # S2
                     reasons.add(ErrInvalid, f"{mpath}.mountPath",
                                 f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount", "S2")
-                elif paths.looks_under_publish_dir(mount_path):  # S2, look-alikes
+                elif paths.within(looks, paths.PUBLISH_DIR):  # S2, look-alikes
                     reasons.add(ErrInvalid, f"{mpath}.mountPath",
                                 f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)", "S2")
                 for cred in creds:  # S6: Trainer merges mounts by path
-                    if paths.at_or_under(mount_path, cred.mount_path) or paths.at_or_under(paths.skeleton(mount_path),
-                                                                                           cred.mount_path):
+                    if paths.within(normal, cred.mount_root) or paths.within(looks, cred.mount_root):
                         reasons.add(ErrInvalid, f"{mpath}.mountPath",
                                     f"{mount_path!r} is at or under credential {cred.name!r}'s mountPath"
                                     f" {cred.mount_path}, which only the webhook's entry mounts", "S6")
@@ -252,8 +252,7 @@ def _trainer_env(spec: dict, reasons: Reasons) -> list[tuple[str, str]]:
 # ---- runtime requirements (R1 to R8) ----
 
 
-@dataclass(frozen=True)
-class RuntimeRef:
+class RuntimeRef(NamedTuple):
     api_group: str
     kind: str
     name: str
@@ -267,6 +266,11 @@ class RuntimeRef:
 def runtime_ref(spec: dict, namespace: str, reasons: Reasons) -> RuntimeRef | None:
     """R1: the reference, with Trainer's defaults where a field is absent; None (with reasons) when it
     cannot be followed. An explicit "" is not absent: the CRD's defaulting would keep it, so it is refused."""
+    ref = spec.get("runtimeRef")
+    if ref.__class__ is dict:  # the usual shape, decided without a walk
+        name, group, kind = ref.get("name"), ref.get("apiGroup"), ref.get("kind")
+        if name and name.__class__ is str and group in (None, GROUP) and (kind is None or kind in KINDS):
+            return RuntimeRef(GROUP, kind or CLUSTER_KIND, name, namespace)
     walk = Walk(reasons, rule="R1")
     ref = walk.obj(spec.get("runtimeRef"), "spec.runtimeRef")
     if ref is None:

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import jsonschema
 
@@ -43,6 +43,11 @@ class Credential:
     name: str
     secret: str
     mount_path: str
+
+    @cached_property
+    def mount_root(self) -> str:
+        """The mount path normalised (SPEC 3), as the rules compare it."""
+        return paths.normalise(self.mount_path)
 
 
 @dataclass(frozen=True)
