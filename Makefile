@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench sweep clean lock
+.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ lock: install
 	$(VENV)/bin/pip install --quiet 'pip-tools>=7.4'
 	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe \
 	  --strip-extras --no-emit-index-url --no-emit-find-links -o requirements/image.lock pyproject.toml requirements/build.in
+
+# Our webhooks beside Trainer's on one API server (issue 15): admission latency as the API server measures it.
+bench-cluster: install toolchain
+	$(PY) bench/cluster.py
 
 # Every rule disabled in turn must fail the unit suite (slow: ~20 min).
 sweep: install

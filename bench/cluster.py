@@ -1,0 +1,207 @@
+"""Admission latency as the API server measures it: our webhooks beside Kubeflow Trainer's own, on one
+kube-apiserver, in one run (issue 15). Run: `python bench/cluster.py` (or `make bench-cluster`).
+
+The cluster is the end-to-end suite's: etcd and kube-apiserver v1.37.2, Trainer v2.3.0's CRDs, its
+controller manager (its webhooks registered by URL) and our webhook processes registered by URL. For
+each concurrency it creates N suspended TrainJobs through the API server with the Python client
+(loopback only, a bounded loop), reads the API server's `/metrics` before and after, and reports per
+webhook the mean of `apiserver_admission_webhook_admission_duration_seconds` (the histogram's sum/count
+delta: exact, where its buckets are not) with the share under each bucket bound, and the ratios ours
+/ Trainer's. Each create is also timed on the client. The same run measures the create latency with
+our webhooks unregistered (the cost a user pays for them), the webhook's resident memory per worker,
+and the time from `serve` to ready with 1, 1,000 and 10,000 runtimes in the API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from tests.e2e import toolchain  # noqa: E402
+from tests.e2e.conftest import start_cluster, start_our_webhooks, webhooks_swapped  # noqa: E402
+from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks  # noqa: E402
+from tests.helpers import EXAMPLES, trainjob  # noqa: E402
+from tests.process import stop, webhook_server  # noqa: E402
+
+NS = "bench"
+METRIC = "apiserver_admission_webhook_admission_duration_seconds"
+OURS = {"mutate": "mutate.route1.dispatch.go.phpboyscout.uk", "validate": "validate.route1.dispatch.go.phpboyscout.uk"}
+TRAINERS = {"mutate": "defaulter.trainjob.trainer.kubeflow.org", "validate": "validator.trainjob.trainer.kubeflow.org"}
+_LINE = re.compile(r'^(?P<name>\w+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+def histograms(cluster) -> dict[str, dict]:
+    """Per webhook: {"sum", "count", "buckets": {le: cumulative count}}, summed over operation and type."""
+    text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+    out: dict[str, dict] = {}
+    for line in text.splitlines():
+        if not line.startswith(METRIC):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
+        h = out.setdefault(labels.get("name", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
+        value = float(m["value"])
+        if m["name"] == METRIC + "_sum":
+            h["sum"] += value
+        elif m["name"] == METRIC + "_count":
+            h["count"] += value
+        elif m["name"] == METRIC + "_bucket":
+            h["buckets"][labels["le"]] = h["buckets"].get(labels["le"], 0.0) + value
+    return out
+
+
+def delta(before: dict, after: dict, name: str) -> dict:
+    b = before.get(name, {"sum": 0.0, "count": 0.0, "buckets": {}})
+    a = after.get(name, {"sum": 0.0, "count": 0.0, "buckets": {}})
+    count = a["count"] - b["count"]
+    return {"count": count, "mean_ms": 1000 * (a["sum"] - b["sum"]) / count if count else float("nan"),
+            "under": {le: (v - b["buckets"].get(le, 0.0)) / count if count else float("nan")
+                      for le, v in a["buckets"].items()}}
+
+
+def api(cluster, pool: int):
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return client.CustomObjectsApi(client.ApiClient(cfg))
+
+
+def create_many(custom, prefix: str, n: int, concurrency: int) -> list[float]:
+    """Create n suspended TrainJobs at a fixed concurrency; each create's latency in ms, as the client saw it."""
+    def one(i: int) -> float:
+        job = trainjob(name=f"{prefix}-{i}", namespace=NS, suspend=True)
+        started = time.perf_counter()
+        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", job)
+        return 1000 * (time.perf_counter() - started)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def worker_rss_mib(pid: int) -> list[float]:
+    """Resident memory of each gunicorn worker (the children of the serve process)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        for line in Path(f"/proc/{child}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                out.append(int(line.split()[1]) / 1024)
+    return out
+
+
+def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, list[float], int]:
+    """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready."""
+    base = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
+
+    def make(i: int) -> None:
+        rt = copy.deepcopy(base)
+        rt["metadata"] = {"name": f"bench-rt-{i}"}
+        custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", rt)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, range(existing, count)))
+    started = time.monotonic()
+    with webhook_server(tmp / f"ready-{count}", "--settings", str(EXAMPLES / "settings" / "route1.json"),
+                        "--kubeconfig", cluster.kubeconfig) as (_, _, _, proc):
+        ready = time.monotonic() - started
+        rss = worker_rss_mib(proc.pid)
+    return ready, rss, count
+
+
+def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
+    out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
+           f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}", ""]
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cluster-")))
+        cluster = start_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds())
+        runtimes = toolchain.trainer_module() / "manifests" / "base" / "runtimes"
+        cluster.kubectl("apply", "-f", str(runtimes / "torch_distributed.yaml"))
+        cluster.kubectl("create", "namespace", NS)
+        proc, port = _start_trainer(cluster, tmp)
+        stack.callback(stop, proc)
+        for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
+            cluster.apply(doc)
+        hooks = start_our_webhooks(stack, cluster, tmp)
+        custom = api(cluster, max(levels) * 2)
+        create_many(custom, "warm", 50, 4)  # connections, caches and JIT-less warm-up on both sides
+
+        out += ["## 1. Admission duration per webhook, as the API server measures it", "",
+                "| concurrency | webhook | admissions | mean ms | ≤5 ms | ≤25 ms | ≤100 ms | ours / Trainer's (mean) |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|"]
+        client_rows = []
+        for level in levels:
+            before = histograms(cluster)
+            latencies = create_many(custom, f"c{level}", n, level)
+            after = histograms(cluster)
+            got = {f"ours {k}": delta(before, after, v) for k, v in OURS.items()}
+            got |= {f"Trainer's {'defaulter' if k == 'mutate' else 'validator'}": delta(before, after, v)
+                    for k, v in TRAINERS.items()}
+            ratio = {"ours mutate": got["ours mutate"]["mean_ms"] / got["Trainer's defaulter"]["mean_ms"],
+                     "ours validate": got["ours validate"]["mean_ms"] / got["Trainer's validator"]["mean_ms"]}
+            for name, d in got.items():
+                under = d["under"]
+                out.append(f"| {level} | {name} | {d['count']:.0f} | {d['mean_ms']:.2f} | {under.get('0.005', 0):.0%} | "
+                           f"{under.get('0.025', 0):.0%} | {under.get('0.1', 0):.0%} | "
+                           f"{f'{ratio[name]:.2f}×' if name in ratio else ''} |")
+            client_rows.append((level, latencies))
+
+        with webhooks_swapped(cluster, hooks, None):
+            create_many(custom, "warm-bare", 50, 4)
+            bare = {level: create_many(custom, f"bare{level}", n, level) for level in levels}
+        out += ["", "## 2. Create latency on the client, with our webhooks registered and without them", "",
+                "| concurrency | with: p50 ms | p99 ms | without: p50 ms | p99 ms | added at p50 ms |",
+                "|---:|---:|---:|---:|---:|---:|"]
+        for level, latencies in client_rows:
+            with_p50, bare_p50 = statistics.median(latencies), statistics.median(bare[level])
+            out.append(f"| {level} | {with_p50:.1f} | {pct(latencies, 99):.1f} | {bare_p50:.1f} | "
+                       f"{pct(bare[level], 99):.1f} | {with_p50 - bare_p50:+.1f} |")
+        out += ["", f"Resident memory of our route-1 webhook's workers after the run: "
+                f"{', '.join(f'{r:.0f} MiB' for r in worker_rss_mib(hooks[0].proc.pid))}."]
+
+        out += ["", "## 3. From `serve` to ready, by runtimes in the API server", "",
+                "| runtimes | ready after s | resident memory per worker MiB |", "|---:|---:|---:|"]
+        existing = 1  # Trainer's torch-distributed
+        for count in runtime_counts:
+            ready, rss, existing = time_to_ready(cluster, tmp, count, custom, existing)
+            out.append(f"| {count:,} | {ready:.1f} | {', '.join(f'{r:.0f}' for r in rss)} |")
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-n", type=int, default=1000, help="TrainJobs created per concurrency level (default 1,000)")
+    p.add_argument("--levels", default="1,8,32", help="concurrency levels")
+    p.add_argument("--runtimes", default="1,1000,10000", help="runtime counts for the time to ready")
+    p.add_argument("--quick", action="store_true", help="n=100, runtimes 1 and 1,000")
+    args = p.parse_args()
+    n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
+    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")]):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
