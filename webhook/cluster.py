@@ -43,6 +43,15 @@ ListFn = Callable[[str], tuple[list[dict], str]]
 WatchFn = Callable[[str, str], Iterable[dict]]
 
 
+def slim(obj: dict, kind: str) -> dict:
+    """What the rules read of a runtime: its kind, name, namespace and spec. managedFields and the
+    last-applied annotation are most of a stored object and are dropped, so 10,000 runtimes fit in memory."""
+    meta = obj.get("metadata") or {}
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
+            "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion", "uid") if k in meta},
+            "spec": obj.get("spec")}
+
+
 class Readiness:
     """dispatch_admission_runtime_ready from the watch cache (SPEC 8.3): 1 when the runtime can carry the
     publish mount, 0 when TrainJobs naming it are refused; a deleted runtime's series goes away."""
@@ -86,7 +95,7 @@ class Reflector:
             rounds = None if rounds is None else rounds - 1
             try:
                 items, version = self.list_fn(self.kind)
-                items = [dict(i, kind=i.get("kind") or self.kind) for i in items]  # list items may omit kind
+                items = [slim(i, self.kind) for i in items]  # list items may also omit their kind
                 self.index.replace(self.kind, items)
                 if self.readiness:
                     self.readiness.replace(self.kind, items)
@@ -113,12 +122,12 @@ class Reflector:
                     raise RuntimeError(f"watch error: {obj.get('message', obj)}")
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if kind in ("ADDED", "MODIFIED"):
-                    obj = dict(obj, kind=obj.get("kind") or self.kind)
+                    obj = slim(obj, self.kind)
                     self.index.put(obj)
                     if self.readiness:
                         self.readiness.put(obj)
                 elif kind == "DELETED":
-                    obj = dict(obj, kind=obj.get("kind") or self.kind)
+                    obj = slim(obj, self.kind)
                     self.index.delete(obj)
                     if self.readiness:
                         self.readiness.delete(obj)
@@ -176,6 +185,7 @@ class ClusterRuntimes:
         except Exception as e:
             metrics.API_ERRORS.labels("get", kind).inc()
             raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
+        obj = slim(obj, kind)
         self.index.put(obj)
         return obj
 
