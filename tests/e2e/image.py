@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from tests.e2e import toolchain
 from tests.e2e.registry import Registry
-from tests.process import ROOT, stop
+from tests.process import ROOT, free_port, stop
 
 REPO = "dispatch-admission"
 BASE_REPO = "dispatch-e2e/python-base"
@@ -293,9 +294,10 @@ def snapshot_context(dest: Path) -> Context:
 
 
 def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: bool = False,
-                 rewrite_timestamp: bool = True, kit: BuildKit | None = None) -> Path:
+                 rewrite_timestamp: bool = True, kit: BuildKit | None = None,
+                 secrets: dict[str, Path] | None = None) -> Path:
     """The Dockerfile of `context` built on the Debian base (pushed to `registry`) into the OCI layout `out`,
-    by a buildkitd of its own unless `kit` is given."""
+    by a buildkitd of its own unless `kit` is given; `secrets` default to the host's (proxy_secrets)."""
     base = push_base(registry)
     out.parent.mkdir(parents=True, exist_ok=True)
     build_args = {"PYTHON_BASE": base, "SOURCE_DATE_EPOCH": str(context.epoch)}
@@ -305,7 +307,8 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
             kit = stack.enter_context(buildkitd([registry.host]))
             TIMINGS["buildkitd start"] = time.monotonic() - started
         started = time.monotonic()
-        kit.build(context.dir, out, build_args, proxy_secrets(out.parent), no_cache=no_cache,
+        kit.build(context.dir, out, build_args, proxy_secrets(out.parent) if secrets is None else secrets,
+                  no_cache=no_cache,
                   rewrite_timestamp=rewrite_timestamp)
         TIMINGS[f"image build ({out.name})"] = time.monotonic() - started
     return out
@@ -345,14 +348,52 @@ def build_webhook_image(registry: Registry) -> str:
     return session.pushed[registry.host]
 
 
+def lock_wheels() -> Path:
+    """Every wheel requirements/image.lock pins, for this machine's Python (3.11, glibc, x86_64, as the
+    base's), downloaded with hashes checked; cached by the lock's hash."""
+    lock = ROOT / "requirements" / "image.lock"
+    out = toolchain.cache_root() / f"wheels-{hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+              "--only-binary=:all:", "-r", str(lock), "-d", str(out)])
+        (out / ".complete").write_text("")
+    return out
+
+
+@contextlib.contextmanager
+def local_index(wheels: Path):
+    """The wheels served on loopback as a pip find-links page (http.server's directory listing)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
+                             "--directory", str(wheels)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the local package index did not start") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        stop(proc)
+
+
 def rebuild_from_scratch(registry: Registry) -> Path:
-    """The session's context built again by a new buildkitd with no cache (same base, same
-    SOURCE_DATE_EPOCH): an OCI layout whose digest equals the first build's when the build is reproducible."""
+    """The session's context built again as a user elsewhere would: a new buildkitd with no cache, no CA
+    secret, and the index given only as the `pipconf` secret (a pip.conf pointing at the lock's wheels on
+    a loopback index). Same base and SOURCE_DATE_EPOCH: a reproducible build gives the first digest."""
     session = _session()
     build_webhook_image(registry)
     out = session.work / "rebuild"
     if not out.exists():
-        build_layout(registry, session.context, out, no_cache=True)
+        with local_index(lock_wheels()) as url:
+            conf = session.work / "rebuild-pip.conf"
+            conf.write_text(f"[global]\nno-index = true\nfind-links = {url}\n")
+            build_layout(registry, session.context, out, no_cache=True, secrets={"pipconf": conf})
     return out
 
 
