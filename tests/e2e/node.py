@@ -62,10 +62,12 @@ SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.pa
            "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes", "net.ipv4.ip_forward",
            "net.ipv4.conf.all.route_localnet", "net.bridge.bridge-nf-call-iptables",
            "net.netfilter.nf_conntrack_max")
-# Directories outside the node's work dir that the kubelet, containerd or CNI make (fixed paths in their code).
+# Directories outside the node's work dir that the kubelet, containerd or CNI make (fixed paths in their code;
+# seen made by a run here: /run/containerd (shim sockets), /var/log/containers, /var/lib/kubelet (device
+# plugins), /usr/libexec/kubernetes, /var/lib/cni (libcni's result cache)). Removed only if absent before.
+# Not /run/runc: BuildKit (the image suite) uses it, and this node's runc keeps its state under the work dir.
 HOST_DIRS = ("/run/containerd", "/var/run/netns", "/run/netns", "/var/log/containers", "/var/log/pods",
-             "/var/lib/kubelet", "/usr/libexec/kubernetes", "/var/lib/cni", "/etc/cni", "/opt/cni",
-             "/run/runc", "/var/lib/containerd", "/etc/containerd", "/etc/kubernetes")
+             "/var/lib/kubelet", "/usr/libexec/kubernetes", "/var/lib/cni")
 CHAIN_MARKERS = ("KUBE-", "CNI-", GUARD_CHAIN)
 
 
@@ -603,6 +605,12 @@ state = "{base / 'state'}"
         self._unmount_all()
         _sh("ip", "link", "del", BRIDGE, check=False)
         if self.host is not None:
+            made = [d for d, existed in self.host.dirs.items() if not existed and os.path.lexists(d)]
+            (self.dir / "host-changes.txt").write_text(
+                "directories made outside the work dir: " + " ".join(made) + "\n" +
+                "sysctls before: " + json.dumps(self.host.sysctls) + "\n" +
+                "sysctls at teardown: " + json.dumps({n: _sysctl_path(n).read_text().strip()
+                                                      for n in self.host.sysctls if _sysctl_path(n).exists()}) + "\n")
             problems += self.host.restore()
         for name, proc in self.procs.items():
             if proc.poll() is None:

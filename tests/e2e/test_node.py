@@ -318,7 +318,10 @@ def test_route2_init_container_that_copies_nothing_fails_the_node_with_not_found
         assert time.monotonic() < deadline, f"the node container is not in CrashLoopBackOff: {pod['status']}"
         time.sleep(1)
     job = c.get("trainjob", "r2-empty", NS)
-    print(f"TrainJob r2-empty status: {json.dumps(job.get('status'))}")
+    [batch_job] = json.loads(c.kubectl("get", "jobs", "-n", NS, "-l", "jobset.sigs.k8s.io/jobset-name=r2-empty",
+                                       "-o", "json").stdout)["items"]
+    print(f"TrainJob r2-empty status: {json.dumps(job.get('status'))}; its Job's backoffLimit "
+          f"{batch_job['spec'].get('backoffLimit')}, restartPolicy {pod['spec']['restartPolicy']}")
     assert not (condition(job, "Complete") or {}).get("status") == "True"
     assert_only_our_mount(pod, node_env.images, 2)
     c.kubectl("delete", "trainjob", "r2-empty", "-n", NS)
