@@ -356,16 +356,22 @@ class Node:
         # The guard: nothing from the pod CIDR leaves through another interface; nothing reaches the node
         # address or the pods from anywhere but the bridge and loopback.
         ipt = ["iptables", "-w"]
-        _sh(*ipt, "-N", GUARD_CHAIN, check=False)
-        _sh(*ipt, "-F", GUARD_CHAIN)
-        for rule in (["-i", "lo", "-j", "RETURN"], ["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"],
-                     ["-s", POD_CIDR, "!", "-o", BRIDGE, "-j", "DROP"],
-                     ["-i", BRIDGE, "-j", "RETURN"],
-                     ["-d", NODE_IP, "-j", "DROP"], ["-d", POD_CIDR, "-j", "DROP"]):
-            _sh(*ipt, "-A", GUARD_CHAIN, *rule)
-        for chain in ("INPUT", "FORWARD"):
-            if _sh(*ipt, "-C", chain, "-j", GUARD_CHAIN, check=False).returncode != 0:
-                _sh(*ipt, "-I", chain, "1", "-j", GUARD_CHAIN)
+        guards = {
+            # delivered here: only from loopback or the bridge may anything reach the node address or pods
+            "INPUT": (f"{GUARD_CHAIN}-IN", [["-i", "lo", "-j", "RETURN"], ["-i", BRIDGE, "-j", "RETURN"],
+                                            ["-d", NODE_IP, "-j", "DROP"], ["-d", POD_CIDR, "-j", "DROP"]]),
+            # routed: pod to pod on the bridge only; nothing from the pods out, nothing from outside in
+            "FORWARD": (f"{GUARD_CHAIN}-FWD", [["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"],
+                                               ["-s", POD_CIDR, "-j", "DROP"], ["-d", POD_CIDR, "-j", "DROP"],
+                                               ["-i", BRIDGE, "-j", "DROP"], ["-o", BRIDGE, "-j", "DROP"]]),
+        }
+        for parent, (chain, rules) in guards.items():
+            _sh(*ipt, "-N", chain, check=False)
+            _sh(*ipt, "-F", chain)
+            for rule in rules:
+                _sh(*ipt, "-A", chain, *rule)
+            if _sh(*ipt, "-C", parent, "-j", chain, check=False).returncode != 0:
+                _sh(*ipt, "-I", parent, "1", "-j", chain)
 
     # -- processes --
 

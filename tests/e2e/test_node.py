@@ -453,6 +453,34 @@ def test_spec_6_3_resumed_pre_webhook_job_runs_with_the_entry(node_env):
     assert_complete(c, "pre-webhook")
 
 
+# ---- the node's network: pods reach the API server, and nothing off this machine ----
+
+def test_pods_reach_the_api_server_through_the_kubernetes_service_and_have_no_default_route(node_env):
+    """What an in-cluster webhook needs (its watch of the runtimes): the `kubernetes` Service, through
+    kube-proxy, to the API server's advertised address; and no route out of this machine."""
+    c = node_env.cluster
+    script = ('cat /proc/net/route | sed "s/^/route: /"; '
+              'if nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" </dev/null; '
+              'then echo "connected to $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"; else echo "no connection"; exit 1; fi')
+    c.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "net-check", "namespace": NS},
+             "spec": {"restartPolicy": "Never", "containers": [
+                 {"name": "check", "image": node_env.images.training, "command": ["/bin/sh", "-c", script]}]}})
+    deadline = time.monotonic() + 120
+    while True:
+        pod = c.get("pod", "net-check", NS)
+        phase = pod.get("status", {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            break
+        assert time.monotonic() < deadline, f"net-check did not finish: {pod.get('status')}"
+        time.sleep(1)
+    text = c.kubectl("logs", "-n", NS, "net-check").stdout
+    assert phase == "Succeeded", text
+    assert f"connected to {c.service_ip}:443" in text, text
+    routes = [line.split()[2] for line in text.splitlines() if line.startswith("route: ") and "Iface" not in line]
+    assert routes and "00000000" not in routes, f"a pod has a default route: {text}"
+    c.kubectl("delete", "pod", "net-check", "-n", NS)
+
+
 # ---- 5. what the Pods carry ----
 
 def test_pods_carry_nothing_under_opt_dispatch_but_our_mount(node_env):
