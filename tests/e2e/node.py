@@ -10,9 +10,9 @@ runs with `restrict_oom_score_adj = true`; it has cgroup v1 hierarchies, so the 
 Network: a bridge the harness makes (`dspe2e0`) holds the node address (NODE_IP) and is the pods' gateway;
 the pod CIDR and the Service CIDR are private to this machine. kube-apiserver listens on NODE_IP (so pods
 reach it through the `kubernetes` Service, by kube-proxy), the kubelet too; the rest on 127.0.0.1. Pods
-get no default route (only the Service CIDR via the bridge), and a guard chain drops anything forwarded from
-the pod CIDR that would leave through another interface, and anything reaching NODE_IP or the pod CIDR from
-outside the bridge and loopback. Nothing is routed off this machine.
+get no default route (only the Service CIDR via the bridge); guard chains drop anything forwarded from or to
+the pod CIDR through another interface (DISPATCH-E2E-FWD), and anything reaching NODE_IP or the pod CIDR
+from outside the bridge and loopback (DISPATCH-E2E-IN). Nothing is routed off this machine.
 
 Host state: HostState records what the node changes (sysctls, iptables chains and rules, cgroups, dirs) and
 puts it back. Teardown runs in the order the notes give: the pods removed, the kubelet stopped, the
