@@ -10,7 +10,6 @@ conditions.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import time
