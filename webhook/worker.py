@@ -244,6 +244,28 @@ def _error_body(code: int, message: str) -> bytes:
     return json.dumps({"error": message, "code": code}, separators=(",", ":")).encode()
 
 
+_JSON = [("Content-Type", "application/json")]
+_INTERNAL = _error_body(500, "internal error")
+_REASONS = {400: "Bad Request", 413: "Content Too Large", 414: "URI Too Long",
+            431: "Request Header Fields Too Large"}
+_HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length"))
+
+
+def _head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) -> bytes:
+    """The response head. Ours, not h11's writer: the app's headers are checked for what could split the
+    response (CR, LF) and framing is the worker's (Content-Length, Connection) whatever the app said."""
+    lines = ["HTTP/1.1 ", status, "\r\n"]
+    for name, value in headers:
+        if name.lower() in _HOP_BY_HOP:
+            continue
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
+            raise ValueError(f"header {name[:40]!r} has a line break or a colon")
+        lines += (name, ": ", value, "\r\n")
+    lines.append(f"Content-Length: {length}\r\n" if keep else f"Content-Length: {length}\r\nConnection: close\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
+
+
 class Connection(asyncio.Protocol):
     """One client connection: handshake, read, hand over, answer, and again while kept alive."""
 
@@ -266,6 +288,7 @@ class Connection(asyncio.Protocol):
         self.collecting = True   # body kept for the app; False once over the limit (dropped, counted)
         self.dispatched = False  # the request went to the app (early, when over the limit)
         self.environ: dict | None = None
+        self.keep_alive = False  # the request in hand allows the connection to be kept
 
     # ---- transport events ----
 
@@ -398,10 +421,12 @@ class Connection(asyncio.Protocol):
             if name == b"content-length":
                 declared = int(value)
         self.request, self.chunks, self.size, self.collecting, self.dispatched = req, [], 0, True, False
+        self.keep_alive = bool(site.keepalive) and req.http_version == b"1.1" and not any(
+            name == b"connection" and b"close" in value.lower() for name, value in req.headers)
         if declared is not None and declared > site.options.max_body:
             self._over_limit(declared)
         elif self.http.they_are_waiting_for_100_continue:
-            self._send(self.http.send(h11.InformationalResponse(status_code=100, headers=[])))
+            self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
         return True
 
     def _body(self, data):
@@ -418,6 +443,8 @@ class Connection(asyncio.Protocol):
     def _over_limit(self, length: int):
         """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
         self.collecting = False
+        if length > DRAIN_LIMIT:  # more than is worth reading to keep the connection: closed after the answer
+            self.keep_alive = False
         self._dispatch(b"", length)
 
     # ---- the app ----
@@ -457,58 +484,44 @@ class Connection(asyncio.Protocol):
         self.site.worker.threads.submit(self, self.site.app, env)
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes):
-        """Called on the loop with the app's answer."""
+        """Called on the loop with the app's answer: written, then the next request (or a close)."""
         if self.state == CLOSED:
             return
-        http = self.http
-        code = int(status[:3])
-        fields = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
-        if not any(k.lower() == b"content-length" for k, _ in fields):
-            fields.append((b"content-length", str(len(body)).encode()))
-        worker = self.site.worker
-        if not worker.alive or not self.site.keepalive or (not self.collecting and self.size > DRAIN_LIMIT):
-            fields.append((b"connection", b"close"))
+        keep = self.keep_alive and self.site.worker.alive
         try:
-            out = http.send(h11.Response(status_code=code, headers=fields, reason=status[4:].encode("latin-1")))
-            if body and self.request.method != b"HEAD":
-                out += http.send(h11.Data(data=body))
-            out += http.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            worker.log.exception("the application's answer cannot be sent")
-            self.abort()
-            return
-        self._send(out)
+            head = _head(status, headers, len(body), keep)
+        except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
+            self.site.worker.log.error("the application's answer cannot be sent: %s", e)
+            head, body, keep = _head("500 Internal Server Error", _JSON, len(_INTERNAL), False), _INTERNAL, False
+        self._send(head + body if body and self.request.method != b"HEAD" else head)
         self.served += 1
-        self.state = IDLE
         self.busy_since = 0.0
         self.idle_since = self.loop.time()
-        if http.our_state is h11.MUST_CLOSE:
+        if not keep:
             self.close()
-        elif http.their_state is h11.DONE:
+        elif self.http.their_state is h11.DONE:
             self._next_cycle()
-        elif not self.collecting:  # still dropping an over-limit body, under the request's deadline
+        else:  # still dropping an over-limit body, under the request's deadline
             self.state = READING
             if self.transport is not None:
                 self.transport.resume_reading()
             self._read()
-        else:
-            self.close()
 
     def _next_cycle(self):
-        http = self.http
-        try:
-            http.start_next_cycle()
-        except h11.LocalProtocolError:
-            self.close()
-            return
+        """Ready for the next request on this connection (a fresh h11 state, fed what already arrived)."""
+        leftover, closed = self.http.trailing_data
+        self.http = http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
         self.request, self.chunks, self.size, self.collecting, self.dispatched = None, [], 0, True, False
         self.state = IDLE
         self.idle_since = self.loop.time()
         self.deadline = self.idle_since + self.site.keepalive
         if self.transport is not None:
             self.transport.resume_reading()
-        if http.trailing_data[0]:  # a pipelined request already arrived
-            self.state = READING
+        if leftover or closed:
+            http.receive_data(leftover)
+            if closed:
+                http.receive_data(b"")
+            self.state = READING  # a pipelined request already arrived
             self.deadline = self.loop.time() + self.site.options.request_timeout
             self._read()
 
@@ -521,15 +534,9 @@ class Connection(asyncio.Protocol):
     def _refuse(self, code: int, message: str):
         """Answer a request the worker refuses itself (bad framing, head over the limits), then close."""
         _count_bad(code)
-        body = _error_body(code, message)
-        try:
-            out = self.http.send(h11.Response(status_code=code, headers=[
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close")]))
-            out += self.http.send(h11.Data(data=body)) + self.http.send(h11.EndOfMessage())
-            self._send(out)
-        except h11.LocalProtocolError:  # past the point where an answer can be sent
-            pass
+        if self.state == READING and not self.dispatched:  # nothing answered this request yet
+            body = _error_body(code, message)
+            self._send(_head(f"{code} {_REASONS.get(code, 'Bad Request')}", _JSON, len(body), False) + body)
         self.close()
 
     def expire(self, now: float):
