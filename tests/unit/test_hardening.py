@@ -251,3 +251,13 @@ def test_review_reads_nothing_of_the_object_to_choose_the_mode():
     assert answer(admission(), job, "validate")["allowed"] is False
     assert stock_runtimes()  # the example runtimes load (used above)
     assert review(job)["request"]["object"] is job
+
+
+def test_spec_6_3_an_entry_added_on_update_warns_of_the_jobset_limit():
+    """JobSet v0.12 refuses a new volume in an existing suspended JobSet: the user is told to recreate."""
+    old = trainjob(suspend=True)
+    for new in (trainjob(suspend=False), trainjob(suspend=True, numNodes=2)):
+        resp = answer(admission(), new, operation="UPDATE", old=old)
+        assert resp["allowed"] and ops_of(resp) and any("JobSet refuses the mount" in w for w in resp["warnings"])
+    created = answer(admission(), trainjob())
+    assert not any("JobSet" in w for w in created.get("warnings", []))

@@ -127,7 +127,10 @@ W_REMOVED = "removed a runtimePatches entry under the webhook's manager: no publ
 W_PUT_BACK = "put back the runtimePatches entry of the webhook's manager, which this update removed"
 W_STALE = "the publish settings changed since this TrainJob was created: it keeps its old publish mount until recreated"
 W_RUNNING = "this running TrainJob predates the webhook's entry: none is added; it comes when the job is next resumed"
-W_ROUTE2 = "publish.via initContainer (route 2) has not been run end to end: test it on your cluster before relying on it"
+W_ROUTE2 = "publish.via initContainer (route 2) has not been run end to end on your cluster: test it before relying on it"
+# JobSet v0.12 lets a suspended JobSet's pod template change only in labels, annotations, nodeSelector,
+# tolerations and scheduling gates: a JobSet made before the entry cannot take its volume on resume.
+W_ADDED_LATE = "publish entry added on update: if this job's JobSet already exists, JobSet refuses the mount; recreate the job"
 
 
 def w_not_added(reason: Reason) -> str:
@@ -158,6 +161,8 @@ def mutation(p: Plan) -> Decision:
         elif p.own is None:
             if p.entry is not None and rules.room_for_entry(p.count, reasons):  # R8
                 ops.append(patch.append_op(p.spec, p.entry.json(p.clock())))
+                if p.stage is Stage.ADD:
+                    warnings.append(W_ADDED_LATE)
         elif p.entry is not None and not p.entry.matches(p.own.entry):
             ops.append(patch.replace_op(p.own.index, p.entry.json(p.clock())))  # nobody may pre-seed the mount
             warnings.append(W_REPLACED)
@@ -190,7 +195,7 @@ def _mutate_unchanged_spec(p: Plan) -> Decision:
     if found or p.entry is None:
         why = (list(found) + list(p.runtime_reasons))[:1]
         return Decision(warnings=tuple(w_not_added(r) for r in why) or ("no publish entry added",))
-    warnings = (W_ROUTE2,) if _route2(p.settings) else ()
+    warnings = (W_ADDED_LATE, W_ROUTE2) if _route2(p.settings) else (W_ADDED_LATE,)
     return Decision((patch.append_op(p.spec, p.entry.json(p.clock())),), warnings)
 
 
