@@ -18,6 +18,7 @@ from typing import Callable
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import get_content_length
 
 from . import metrics
 from .core.admission import MUTATE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
@@ -34,21 +35,28 @@ DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a w
 DEV_BIND = "127.0.0.1:8443"
 
 
+def _dumps(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def _json(body: dict, code: int) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=code, mimetype="application/json")
+    return Response(_dumps(body), status=code, mimetype="application/json")
+
+
+def _error_body(code: int, message: str) -> bytes:
+    metrics.BAD_REQUESTS.labels(str(code)).inc()
+    return _dumps({"error": message, "code": code})
 
 
 def _error(code: int, message: str) -> Response:
-    metrics.BAD_REQUESTS.labels(str(code)).inc()
-    return _json({"error": message, "code": code}, code)
+    return Response(_error_body(code, message), status=code, mimetype="application/json")
 
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 
 
-def _drain() -> None:
+def _drain(stream) -> None:
     """Read and drop what is left of the body (bounded), so the client reads our 413 instead of a reset."""
-    stream = request.environ.get("wsgi.input")
     left = DRAIN_LIMIT
     try:
         while stream is not None and left > 0:
@@ -60,11 +68,10 @@ def _drain() -> None:
         pass
 
 
-def _read_body(max_body: int) -> bytes | None:
+def _read_body(stream, content_length: int | None, max_body: int) -> bytes | None:
     """The whole body, or None when it is over `max_body` (a chunked body has no length to check first)."""
-    stream = request.environ["wsgi.input"]
-    if request.content_length is not None:
-        return stream.read(request.content_length)
+    if content_length is not None:
+        return stream.read(content_length)
     parts, size = [], 0
     while chunk := stream.read(65536):
         size += len(chunk)
@@ -74,9 +81,10 @@ def _read_body(max_body: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _too_large(max_body: int) -> Response:
-    _drain()
-    return _error(413, f"the body is over the limit of {max_body} bytes")
+REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
+STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 415: "415 Unsupported Media Type",
+          500: "500 Internal Server Error"}
+INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
 
 
 class ReviewLog:
@@ -107,34 +115,45 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
                max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
                enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True) -> Flask:
     """The application factory: routes over one Admission. `serve_metrics` False leaves /metrics to a
-    port of its own (serve --metrics-bind)."""
+    port of its own (serve --metrics-bind).
+
+    POSTs to the three review paths are answered before Flask's request machinery (a request context,
+    URL matching and a Response object cost more than a review does); the Flask routes of the same
+    paths share `answer` and serve whatever reaches them (other methods get Flask's 405).
+    """
     app = Flask("dispatch_admission")
     admission = Admission(settings, runtimes, enforcement=enforcement)
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
+    latency = {v: metrics.LATENCY.labels(v.value) for v in Verb}
 
-    def handle(verb: Verb) -> Response:
-        endpoint = verb.value
+    def answer(verb: Verb, environ: dict) -> tuple[int, bytes]:
+        """(HTTP status, JSON body) for one review request."""
         started = time.perf_counter()
-        mimetype = request.mimetype
+        endpoint = verb.value
+        mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
         if mimetype != "application/json":
-            return _error(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}")
-        if request.content_length is not None and request.content_length > max_body:
-            return _too_large(max_body)
-        body = _read_body(max_body)
+            return 415, _error_body(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}")
+        stream = environ["wsgi.input"]
+        content_length = get_content_length(environ)
+        if content_length is not None and content_length > max_body:
+            _drain(stream)
+            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes")
+        body = _read_body(stream, content_length, max_body)
         if body is None:
-            return _too_large(max_body)
+            _drain(stream)
+            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes")
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as e:
-            return _error(400, f"the body is not JSON: {str(e)[:200]}")
+            return 400, _error_body(400, f"the body is not JSON: {str(e)[:200]}")
         try:
             response, outcome = admission.review(doc, verb)
         except BadReview as e:
-            return _error(400, f"not an AdmissionReview v1: {e}")
+            return 400, _error_body(400, f"not an AdmissionReview v1: {e}")
+        out = _dumps(response)
         elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels(endpoint).observe(elapsed)
-        result = "allowed" if outcome.allowed else "denied"
-        metrics.REVIEWS.labels(endpoint, result, outcome.sentinel).inc()
+        latency[verb].observe(elapsed)
+        metrics.REVIEWS.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
         would_deny = outcome.would_deny
         for sentinel, rule in would_deny:
             metrics.WOULD_DENY.labels(sentinel, rule).inc()
@@ -147,7 +166,27 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
                 **({"would_deny": [{"sentinel": s, "rule": r} for s, r in would_deny]} if would_deny else {}),
                 **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
             })
-        return _json(response, 200)
+        return 200, out
+
+    def handle(verb: Verb) -> Response:
+        code, body = answer(verb, request.environ)
+        return Response(body, status=code, mimetype="application/json")
+
+    flask_wsgi = app.wsgi_app
+
+    def wsgi_app(environ, start_response):
+        verb = REVIEW_PATHS.get(environ.get("PATH_INFO", ""))
+        if verb is None or environ.get("REQUEST_METHOD") != "POST":
+            return flask_wsgi(environ, start_response)
+        try:
+            code, body = answer(verb, environ)
+        except Exception:  # a fault of ours; the worker lives on
+            log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
+            code, body = 500, INTERNAL
+        start_response(STATUS[code], [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    app.wsgi_app = wsgi_app
 
     @app.post("/mutate")
     def mutate():
