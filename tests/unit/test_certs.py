@@ -142,3 +142,85 @@ def test_a_changed_client_ca_is_reloaded(tmp_path):
     second = ctx.get()
     assert second is not first
     assert [c["subject"] for c in second.get_ca_certs()] == [((("commonName", "two"),),)]
+
+
+class _FakeAdmissionApi:
+    """AdmissionregistrationV1Api's four calls inject_ca_bundle makes, over dicts of configurations."""
+
+    def __init__(self, mutating: dict, validating: dict):
+        from types import SimpleNamespace
+
+        self.ns = SimpleNamespace
+        self.stored = {"mutating": mutating, "validating": validating}
+        self.patched: list[tuple[str, str]] = []
+
+    def _read(self, kind, name):
+        from kubernetes.client.exceptions import ApiException
+
+        if name not in self.stored[kind]:
+            raise ApiException(status=404, reason="Not Found")
+        hooks = [self.ns(client_config=self.ns(ca_bundle=b)) for b in self.stored[kind][name]]
+        return self.ns(webhooks=hooks)
+
+    def _patch(self, kind, name, ops):
+        for op in ops:
+            index = int(op["path"].split("/")[2])
+            self.stored[kind][name][index] = op["value"]
+        self.patched.append((kind, name))
+
+    def read_mutating_webhook_configuration(self, name):
+        return self._read("mutating", name)
+
+    def read_validating_webhook_configuration(self, name):
+        return self._read("validating", name)
+
+    def patch_mutating_webhook_configuration(self, name, ops):
+        self._patch("mutating", name, ops)
+
+    def patch_validating_webhook_configuration(self, name, ops):
+        self._patch("validating", name, ops)
+
+
+def _inject(monkeypatch, fake, ca=b"CA PEM"):
+    from kubernetes import client
+
+    monkeypatch.setattr(client, "AdmissionregistrationV1Api", lambda api_client: fake)
+    return certs.inject_ca_bundle(object(), "rel-dispatch-admission", ca)
+
+
+def test_the_ca_reaches_the_runtime_warnings_configuration_too(monkeypatch):
+    import base64
+
+    fake = _FakeAdmissionApi({"rel-dispatch-admission": [None]},
+                             {"rel-dispatch-admission": [None], "rel-dispatch-admission-runtimes": [None],
+                              "other-runtimes": [None]})
+    assert _inject(monkeypatch, fake) == 3
+    bundle = base64.b64encode(b"CA PEM").decode()
+    assert fake.stored["validating"]["rel-dispatch-admission-runtimes"] == [bundle]
+    assert fake.stored["validating"]["other-runtimes"] == [None]
+    assert _inject(monkeypatch, fake) == 0, "nothing patched when every bundle is already the CA"
+
+
+def test_no_runtime_warnings_configuration_is_not_an_error(monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    fake = _FakeAdmissionApi({"rel-dispatch-admission": [None]}, {"rel-dispatch-admission": [None, None]})
+    assert _inject(monkeypatch, fake) == 3
+    assert fake.patched == [("mutating", "rel-dispatch-admission"), ("validating", "rel-dispatch-admission")]
+    forbidden = _FakeAdmissionApi({"rel-dispatch-admission": [None]}, {"rel-dispatch-admission": [None]})
+    forbidden._read_any = forbidden._read
+
+    def read_forbidding_runtimes(kind, name):
+        if name.endswith("-runtimes"):  # the chart's ClusterRole names it only when it renders it
+            raise ApiException(status=403, reason="Forbidden")
+        return forbidden._read_any(kind, name)
+
+    forbidden._read = read_forbidding_runtimes
+    assert _inject(monkeypatch, forbidden) == 2
+    missing = _FakeAdmissionApi({}, {"rel-dispatch-admission": [None]})
+    try:
+        _inject(monkeypatch, missing)
+    except ApiException as e:
+        assert e.status == 404  # the main configurations are required
+    else:
+        raise AssertionError("a missing mutating configuration went unnoticed")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import logging
 from pathlib import Path
 
 from cryptography import x509
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from .issue import FILES, SERVING_DAYS, make_ca, make_leaf, pem_cert, pem_key, write_file
 
 RENEW_BEFORE = dt.timedelta(days=30)
+log = logging.getLogger(__name__)
 
 
 def _decode_secret(data: dict | None) -> dict[str, bytes]:
@@ -94,20 +96,39 @@ def ensure_secret(api_client, namespace: str, name: str, names: list[str]) -> di
     raise RuntimeError(f"could not settle the certificate in Secret {namespace}/{name}")
 
 
+RUNTIMES_SUFFIX = "-runtimes"
+
+
 def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
-    """Write the CA into every webhook of the named Mutating and Validating configurations; return how many changed."""
+    """Write the CA into every webhook of the named Mutating and Validating configurations, and of the
+    ValidatingWebhookConfiguration `<configuration>-runtimes` (the chart's runtime warnings) when it exists;
+    return how many changed."""
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     adm = client.AdmissionregistrationV1Api(api_client)
     bundle = base64.b64encode(ca_pem).decode()
     changed = 0
-    for read, patch in ((adm.read_mutating_webhook_configuration, adm.patch_mutating_webhook_configuration),
-                        (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration)):
-        obj = read(configuration)
+    for read, patch, name, optional in (
+            (adm.read_mutating_webhook_configuration, adm.patch_mutating_webhook_configuration, configuration, False),
+            (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration, configuration, False),
+            (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration,
+             configuration + RUNTIMES_SUFFIX, True)):
+        try:
+            obj = read(name)
+        except ApiException as e:
+            # Runtime warnings turned off (webhook.runtimes.enabled: false): the configuration is absent (404),
+            # and the chart's ClusterRole then does not name it either (403).
+            if optional and e.status in (403, 404):
+                if e.status == 403:
+                    log.warning("cannot read ValidatingWebhookConfiguration %s (403): its caBundle is not written",
+                                name)
+                continue
+            raise
         ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
                for i, w in enumerate(obj.webhooks or []) if w.client_config.ca_bundle != bundle]
         if ops:
-            patch(configuration, ops)
+            patch(name, ops)
             changed += len(ops)
     return changed
 
