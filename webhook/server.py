@@ -317,12 +317,14 @@ def _runtime_source(opts: _Options) -> RuntimeSource:
     return ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
 
 
-REFRESH_SECONDS = 6 * 3600
+# The Secret is read this often: a renewal by another replica, or the Secret deleted (a new pair is then
+# issued), reaches every replica within it. One GET of one Secret per replica: no list or watch rights.
+REFRESH_SECONDS = 10
 
 
 def _self_managed_certificates(opts: _Options) -> None:
     """Settle the pair in the Secret, serve it from cert_dir, put the CA in the webhook configurations,
-    and keep doing so (a renewal by another replica, or by this one, reaches every replica)."""
+    and keep doing so (certs.SelfManaged: a change of CA passes through a caBundle trusting both)."""
     import threading
 
     from . import certs
@@ -330,13 +332,11 @@ def _self_managed_certificates(opts: _Options) -> None:
 
     api = api_client(opts.kubeconfig)
     names = certs.service_names(opts.tls_service, opts.namespace)
+    keeper = certs.SelfManaged(api, opts.namespace, opts.tls_secret, names, opts.cert_dir, opts.webhook_configuration)
 
     def sync() -> None:
-        files = certs.ensure_secret(api, opts.namespace, opts.tls_secret, names)
-        if certs.write_served(opts.cert_dir, files):
+        if keeper.sync():
             log.info(json.dumps({"msg": "serving certificate loaded", "secret": f"{opts.namespace}/{opts.tls_secret}"}))
-        if opts.webhook_configuration:
-            certs.inject_ca_bundle(api, opts.webhook_configuration, files["ca.crt"])
 
     sync()
 

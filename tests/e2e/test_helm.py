@@ -549,7 +549,8 @@ def test_rbac_is_least_privilege(helm, tmp_path):
     assert len(rules) == 3
     role = docs[("Role", f"{FULL}-tls")]["rules"]
     assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"],
-                     "verbs": ["get", "update"]}]
+                     "verbs": ["get", "update"]},
+                    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]  # re-created when deleted
     cm = rendered(helm, tmp_path, VALUE_SETS["cert-manager"])
     assert len(cm[("ClusterRole", FULL)]["rules"]) == 1
     # The hooks: the test may only create (dry-run) TrainJobs in its namespace; pre-delete may only delete ours.

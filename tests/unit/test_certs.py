@@ -224,3 +224,73 @@ def test_no_runtime_warnings_configuration_is_not_an_error(monkeypatch):
         assert e.status == 404  # the main configurations are required
     else:
         raise AssertionError("a missing mutating configuration went unnoticed")
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _keeper(monkeypatch, tmp_path, secret: dict):
+    """A SelfManaged over a Secret held in `secret["files"]`; the caBundles it writes are recorded, each with
+    what was being served from the directory at that moment."""
+    from webhook.certs import secret as secret_mod
+
+    clock = _Clock()
+    bundles: list[tuple[bytes, bytes | None]] = []
+    monkeypatch.setattr(secret_mod, "ensure_secret", lambda api, ns, name, names: secret["files"])
+
+    def inject(api, configuration, ca_pem):
+        served = tmp_path / "ca.crt"
+        bundles.append((ca_pem, served.read_bytes() if served.exists() else None))
+        return 1
+
+    monkeypatch.setattr(secret_mod, "inject_ca_bundle", inject)
+    keeper = certs.SelfManaged(object(), "ns", "rel-tls", NAMES, tmp_path, "rel", clock=clock, sleep=clock.sleep)
+    return keeper, clock, bundles
+
+
+def test_a_new_ca_is_trusted_beside_the_old_before_it_is_served_then_the_old_leaves(monkeypatch, tmp_path):
+    first, second = files(), files()
+    secret = {"files": first}
+    keeper, clock, bundles = _keeper(monkeypatch, tmp_path, secret)
+    assert keeper.sync() is True
+    assert bundles == [(first["ca.crt"], first["ca.crt"])] and clock.slept == []
+    assert keeper.sync() is False, "nothing changes while the Secret does not"
+
+    bundles.clear()
+    secret["files"] = second  # the Secret deleted and re-issued by another replica: a new CA
+    assert keeper.sync() is True
+    widened, served = bundles[0]
+    assert widened == second["ca.crt"] + first["ca.crt"] and served == first["ca.crt"], \
+        "both CAs are trusted while this replica still serves the old pair"
+    assert clock.slept == [certs.secret.SETTLE_SECONDS]
+    assert (tmp_path / "tls.crt").read_bytes() == second["tls.crt"]
+    assert bundles[-1][0] == second["ca.crt"] + first["ca.crt"], "the old CA stays for the other replicas"
+
+    clock.now += certs.secret.TRUST_REPLACED_CA_SECONDS - certs.secret.SETTLE_SECONDS - 1
+    keeper.sync()
+    assert bundles[-1][0] == second["ca.crt"] + first["ca.crt"]
+    clock.now += 1
+    keeper.sync()
+    assert bundles[-1][0] == second["ca.crt"], "the replaced CA leaves the bundle"
+
+
+def test_a_new_serving_pair_under_the_same_ca_keeps_the_bundle(monkeypatch, tmp_path):
+    first = files()
+    secret = {"files": first}
+    keeper, clock, bundles = _keeper(monkeypatch, tmp_path, secret)
+    keeper.sync()
+    renewed = certs.new_files(first, NAMES)  # a renewal keeps a CA with time left
+    assert renewed["ca.crt"] == first["ca.crt"]
+    secret["files"] = renewed
+    assert keeper.sync() is True
+    assert [b for b, _ in bundles] == [first["ca.crt"], first["ca.crt"]] and clock.slept == []

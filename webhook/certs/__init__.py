@@ -12,8 +12,9 @@ from cryptography.hazmat.primitives import hashes  # noqa: F401  (callers sign t
 from .context import ReloadingContext
 from .issue import (CA_DAYS, FILES, SERVING_DAYS, make_ca, make_leaf, pem_cert, pem_key, service_names,
                     write_dev_pair, write_file)
-from .secret import RENEW_BEFORE, ensure_secret, inject_ca_bundle, new_files, usable, write_served
+from .secret import (RENEW_BEFORE, SelfManaged, ensure_secret, inject_ca_bundle, new_files, usable,
+                     write_served)
 
-__all__ = ["CA_DAYS", "FILES", "RENEW_BEFORE", "SERVING_DAYS", "ReloadingContext", "ensure_secret", "hashes",
-           "inject_ca_bundle", "make_ca", "make_leaf", "new_files", "pem_cert", "pem_key", "service_names",
+__all__ = ["CA_DAYS", "FILES", "RENEW_BEFORE", "SERVING_DAYS", "ReloadingContext", "SelfManaged", "ensure_secret",
+           "hashes", "inject_ca_bundle", "make_ca", "make_leaf", "new_files", "pem_cert", "pem_key", "service_names",
            "usable", "write_dev_pair", "write_file", "write_served"]

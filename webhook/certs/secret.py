@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import time
 from pathlib import Path
 
 from cryptography import x509
@@ -100,7 +101,7 @@ RUNTIMES_SUFFIX = "-runtimes"
 
 
 def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
-    """Write the CA into every webhook of the named Mutating and Validating configurations, and of the
+    """Write the CA (one PEM certificate, or several concatenated) into every webhook of the named Mutating and Validating configurations, and of the
     ValidatingWebhookConfiguration `<configuration>-runtimes` (the chart's runtime warnings) when it exists;
     return how many changed."""
     from kubernetes import client
@@ -131,6 +132,50 @@ def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
             patch(name, ops)
             changed += len(ops)
     return changed
+
+
+# A CA change (the Secret deleted or emptied, or the CA renewed): the replaced CA stays in the caBundle
+# this long after this replica switched, so every replica (each checks the Secret every few seconds) has
+# switched before the API server stops trusting the old pair.
+TRUST_REPLACED_CA_SECONDS = 120.0
+# Between widening the caBundle to both CAs and serving the new pair: time for the API servers' webhook
+# configuration informers to load the wider bundle.
+SETTLE_SECONDS = 2.0
+
+
+class SelfManaged:
+    """One replica's side of self-managed certificates: the Secret's pair served from `cert_dir`, its CA in
+    the webhook configurations' caBundle, through a change of CA without a failed call.
+
+    `sync()` settles the Secret (filling or re-creating it when it holds no usable pair) and serves it.
+    When the Secret's CA differs from the one this replica serves, the caBundle first trusts both, then
+    the new pair is served; the old CA leaves the bundle at a sync TRUST_REPLACED_CA_SECONDS later.
+    """
+
+    def __init__(self, api_client, namespace: str, secret: str, names: list[str], cert_dir: Path,
+                 configuration: str | None, clock=time.monotonic, sleep=time.sleep):
+        self.api, self.namespace, self.secret, self.names = api_client, namespace, secret, names
+        self.cert_dir, self.configuration = Path(cert_dir), configuration
+        self.clock, self.sleep = clock, sleep
+        self.replaced: tuple[bytes, float] | None = None  # (old CA, trusted until)
+
+    def sync(self) -> bool:
+        """True when the served pair changed."""
+        files = ensure_secret(self.api, self.namespace, self.secret, self.names)
+        ca = files["ca.crt"]
+        served = self.cert_dir / "ca.crt"
+        old = served.read_bytes() if served.exists() else None
+        if old is not None and old != ca:
+            self.replaced = (old, self.clock() + TRUST_REPLACED_CA_SECONDS)
+            if self.configuration:
+                inject_ca_bundle(self.api, self.configuration, ca + old)
+                self.sleep(SETTLE_SECONDS)
+        if self.replaced is not None and self.clock() >= self.replaced[1]:
+            self.replaced = None
+        changed = write_served(self.cert_dir, files)
+        if self.configuration:
+            inject_ca_bundle(self.api, self.configuration, ca + (self.replaced[0] if self.replaced else b""))
+        return changed
 
 
 def write_served(cert_dir: Path, files: dict[str, bytes]) -> bool:
