@@ -302,7 +302,7 @@ def _reason(text: str) -> Reason:
 def _runtime_source(opts: _Options) -> RuntimeSource:
     """Runtimes from files or the cluster's watch cache; either way, each runtime's readiness is exported."""
     from .core.rules import runtime_facts
-    from .core.runtimes import key_of
+    from .core.runtimes import KINDS, key_of
 
     def can_carry(runtime: dict) -> bool:
         return runtime_facts(runtime, opts.settings).can_carry
@@ -311,10 +311,23 @@ def _runtime_source(opts: _Options) -> RuntimeSource:
         index = load_runtimes(opts.runtime_files)
         for runtime in index:
             metrics.set_runtime_ready(*key_of(runtime), can_carry(runtime))
+        for kind in KINDS:
+            metrics.CACHE_SYNCED.labels(kind).set(1)  # files are read whole before serving
         return index
+    import threading
+
     from .cluster import ClusterRuntimes, api_client
 
-    return ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
+    source = ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
+    for kind, reflector in source.reflectors.items():
+        metrics.CACHE_SYNCED.labels(kind).set(0)
+
+        def synced(kind=kind, event=reflector.synced) -> None:
+            event.wait()
+            metrics.CACHE_SYNCED.labels(kind).set(1)
+
+        threading.Thread(target=synced, name=f"synced-{kind}", daemon=True).start()
+    return source
 
 
 # The Secret is read this often: a renewal by another replica, or the Secret deleted (a new pair is then

@@ -196,6 +196,8 @@ def test_certificate_and_runtime_metrics(ops):
     ready = [(tuple(sorted(labels.items())), value) for labels, value in samples(text, "dispatch_admission_runtime_ready")]
     assert len(ready) == len({k for k, _ in ready})
     assert ((("kind", "ClusterTrainingRuntime"), ("name", "torch-distributed"), ("namespace", "")), 1.0) in ready
+    synced = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtime_cache_synced")}
+    assert synced == {"ClusterTrainingRuntime": 1.0, "TrainingRuntime": 1.0}
 
 
 # ---- readiness: a certificate that cannot be served is not ready ----
