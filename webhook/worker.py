@@ -13,8 +13,9 @@ Here one asyncio event loop per worker does all the waiting, and threads only ev
   the handshake, for a connection's first request) and covers its head and whole body; the head bounded
   by gunicorn's limit_request_* settings, the body by the max-body limit;
 - a request read in full goes to a small pool of threads (gunicorn's `threads`) running the WSGI app,
-  and the answer is written back from the loop; keep-alive is honoured (gunicorn's `keepalive`, idle
-  time between requests), so the API server's connections are reused.
+  and the answer is written back from the loop (the head by the worker: h11's writer cost a quarter of
+  the CPU of a review); keep-alive is honoured (gunicorn's `keepalive`, idle time between requests), so
+  the API server's connections are reused.
 
 A connection past its deadline is closed; it never held a thread, so other clients do not wait for it.
 A body over the limit is answered by the app (413, from CONTENT_LENGTH, with an empty input) as soon as
@@ -35,7 +36,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -48,6 +48,7 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_MAX_BODY = 7 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # what is read and dropped after a 413, at most, before closing instead
 HEAD_LIMIT = 64 * 1024          # request line and headers together (h11's incomplete-event bound)
+ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
 
 WSGIApp = Callable[[dict, Callable], Any]
@@ -72,7 +73,7 @@ class Worker(base.Worker):
         super().__init__(*args, **kwargs)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
-        self.servers: list[asyncio.AbstractServer] = []
+        self.listening: list = []
         self.quick = False
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
 
@@ -152,8 +153,9 @@ class Worker(base.Worker):
             except (OSError, ValueError):
                 host, port = "", 0
             site = Site(self, app, tls, str(host), str(port))
-            self.servers.append(await loop.create_server(lambda site=site: Connection(site), sock=listener.sock,
-                                                         backlog=self.cfg.backlog, start_serving=True))
+            listener.sock.setblocking(False)
+            loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
+            self.listening.append(listener.sock)
         stuck_after = max(self.timeout, 1)
         while self.alive:
             now = loop.time()
@@ -168,6 +170,37 @@ class Worker(base.Worker):
                 break
             await asyncio.sleep(SWEEP_EVERY)
         await self._shutdown()
+
+    def _accept(self, sock, site: Site) -> None:
+        """One connection, then a pause of ACCEPT_PAUSE. The workers share the listening socket: taking one
+        at a time, and letting the next go to another worker, spreads connections (which the API server
+        keeps for minutes) over the workers rather than in batches to the first one awake."""
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it, or the client gave up
+        except OSError as e:  # out of file descriptors or memory: wait a little rather than spin
+            self.log.warning("accept failed (%s): pausing accepts for a second", e)
+            self._pause_accepting(sock, site, 1.0)
+            return
+        conn.setblocking(False)
+        self.loop.create_task(self._connected(conn, site))
+        if self.cfg.workers > 1:
+            self._pause_accepting(sock, site, ACCEPT_PAUSE)
+
+    def _pause_accepting(self, sock, site: Site, seconds: float) -> None:
+        self.loop.remove_reader(sock.fileno())
+        self.loop.call_later(seconds, self._resume_accepting, sock, site)
+
+    def _resume_accepting(self, sock, site: Site) -> None:
+        if self.alive:
+            self.loop.add_reader(sock.fileno(), self._accept, sock, site)
+
+    async def _connected(self, conn, site: Site) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: Connection(site), conn)
+        except OSError:
+            conn.close()
 
     def _sweep(self, now: float, stuck_after: float) -> bool:
         """Close connections past their deadline; True when a request has been with the app too long."""
@@ -200,8 +233,8 @@ class Worker(base.Worker):
         return True
 
     async def _shutdown(self):
-        for server in self.servers:
-            server.close()  # this worker's copy of the listening sockets: no new connections here
+        for sock in self.listening:
+            self.loop.remove_reader(sock.fileno())  # no new connections here; other workers go on accepting
         for conn in list(self.connections):
             if conn.state in (IDLE, HANDSHAKE):
                 conn.close()
