@@ -36,11 +36,15 @@ def _now(text: str | None):
     return lambda: moment
 
 
-def _admission(args) -> Admission:
+def _settings(path: str):
     try:
-        s = load_settings(args.settings)
+        return load_settings(path)
     except Denied as e:
-        raise Unusable(f"settings {args.settings}: {e}") from None
+        raise Unusable(f"settings {path}: {e}") from None
+
+
+def _admission(args) -> Admission:
+    s = _settings(args.settings)
     try:
         runtimes = load_runtimes(args.runtime or [])
     except RuntimeFileError as e:
@@ -117,10 +121,7 @@ def cmd_settings_schema(args) -> int:
 def cmd_audit(args) -> int:
     from . import audit
 
-    try:
-        s = load_settings(args.settings)
-    except Denied as e:
-        raise Unusable(f"settings {args.settings}: {e}") from None
+    s = _settings(args.settings)
     try:
         return audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr)
     except audit.ClusterUnreadable as e:
