@@ -272,8 +272,12 @@ class _Options:
         self.cert_dir = Path(args.cert_dir or ("certs" if self.dev else "/etc/dispatch-admission/tls"))
         self.runtime_files = list(args.runtime or [])
         if self.dev and not self.runtime_files and not args.kubeconfig:
-            examples = Path(__file__).resolve().parent.parent / "examples" / "runtimes"
+            # The example runtimes are package data: an installed wheel has them too. Never fall back to the
+            # cluster client silently: --dev without them is a broken installation.
+            examples = Path(__file__).resolve().parent / "examples" / "runtimes"
             self.runtime_files = sorted(str(p) for p in examples.glob("*.yaml"))
+            if not self.runtime_files:
+                raise Denied([_reason(f"--dev: no example runtimes in {examples}; give --runtime FILE or --kubeconfig")])
         self.kubeconfig = args.kubeconfig
         self.tls_secret = args.tls_secret
         self.tls_service = args.tls_service
