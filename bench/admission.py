@@ -147,8 +147,12 @@ def server_table(seconds: int, levels: list[int]) -> list[str]:
     ours = start([sys.executable, "-m", "webhook", "serve", "--settings", str(EXAMPLES / "settings" / "route1.json"),
                   "--cert-dir", str(cert_dir), "--bind", f"127.0.0.1:{ours_port}", *runtimes], tmp, "webhook",
                  ours_port, cert_dir)
-    baseline = start([sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir),
-                      "--bind", f"127.0.0.1:{base_port}"], tmp, "baseline", base_port, cert_dir)
+    try:
+        baseline = start([sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir),
+                          "--bind", f"127.0.0.1:{base_port}"], tmp, "baseline", base_port, cert_dir)
+    except BaseException:
+        stop(ours)
+        raise
     rows = ["| connections | app | requests/s | p50 ms | p90 ms | p99 ms | errors | throughput vs baseline | p99 vs baseline |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     try:

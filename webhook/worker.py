@@ -74,6 +74,7 @@ class Worker(base.Worker):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.listening: list = []
+        self.tasks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
         self.quick = False
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
 
@@ -184,9 +185,14 @@ class Worker(base.Worker):
             self._pause_accepting(sock, site, 1.0)
             return
         conn.setblocking(False)
-        self.loop.create_task(self._connected(conn, site))
+        self.spawn(self._connected(conn, site))
         if self.cfg.workers > 1:
             self._pause_accepting(sock, site, ACCEPT_PAUSE)
+
+    def spawn(self, coroutine) -> None:
+        task = self.loop.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _pause_accepting(self, sock, site: Site, seconds: float) -> None:
         self.loop.remove_reader(sock.fileno())
@@ -337,7 +343,7 @@ class Connection(asyncio.Protocol):
         if site.tls:
             transport.pause_reading()  # nothing is read before the TLS layer takes the transport over
             self.deadline = self.loop.time() + site.options.handshake_timeout + 1  # backstop to asyncio's
-            self.loop.create_task(self._start_tls(transport))
+            site.worker.spawn(self._start_tls(transport))
         else:
             self._ready(transport)
 
@@ -476,7 +482,9 @@ class Connection(asyncio.Protocol):
     def _over_limit(self, length: int):
         """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
         self.collecting = False
-        if length > DRAIN_LIMIT:  # more than is worth reading to keep the connection: closed after the answer
+        if length > DRAIN_LIMIT or self.http.they_are_waiting_for_100_continue:
+            # More than is worth reading to keep the connection, or a body the client will not send
+            # unless told to continue: closed after the answer.
             self.keep_alive = False
         self._dispatch(b"", length)
 

@@ -127,6 +127,19 @@ def test_expect_100_continue(ops):
     assert code == 200 and json.loads(body)["response"]["allowed"] is True
 
 
+def test_expect_100_continue_over_the_limit_is_413_without_the_body(ops):
+    """The client waiting to be told to continue is told 413 instead, and the connection closed (it will
+    not send the body)."""
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (8 * 1024 * 1024))
+        started = time.monotonic()
+        code, headers, body = read_response(s, bytearray())
+        assert code == 413 and headers.get("connection") == "close"
+        assert s.recv(1) == b"" and time.monotonic() - started < 3
+
+
 @pytest.mark.parametrize("raw,code", [
     (b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),

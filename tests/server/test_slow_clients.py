@@ -74,8 +74,9 @@ class Stalled:
                 kind = KINDS[n % len(KINDS)]
                 try:
                     opened.append((kind, *open_stalled(self.port, self.ctx, kind)))
-                except (OSError, ssl.SSLError) as e:
+                except (OSError, ssl.SSLError) as e:  # the server is not answering handshakes: stop here
                     self.errors.append(f"{kind}: {e!r}")
+                    return
 
         threads = [threading.Thread(target=opener, args=(i,)) for i in range(4)]
         for t in threads:
