@@ -13,7 +13,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable, key_of
+from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable, WouldBlock, key_of
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,24 @@ class Backoff:
 
     def reset(self) -> None:
         self.current = self.initial
+
+
+_local = threading.local()
+
+
+def blocking_allowed() -> bool:
+    """False on a thread that must not wait on the network (the worker's event loop answering inline)."""
+    return not getattr(_local, "no_blocking", False)
+
+
+class NoBlocking:
+    """`with NoBlocking():` a cache miss raises WouldBlock instead of reading the API server."""
+
+    def __enter__(self):
+        _local.no_blocking = True
+
+    def __exit__(self, *exc):
+        _local.no_blocking = False
 
 
 ListFn = Callable[[str], tuple[list[dict], str]]
@@ -164,6 +182,8 @@ class ClusterRuntimes:
         found = self.index.get(kind, namespace, name)
         if found is not None:
             return found
+        if not blocking_allowed():
+            raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
         return self._live_read(kind, namespace, name)
 
     def _live_read(self, kind: str, namespace: str, name: str) -> dict | None:

@@ -23,7 +23,7 @@ from werkzeug.wsgi import get_content_length
 from . import metrics
 from .core.admission import MUTATE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied, ErrInvalid, Reason
-from .core.runtimes import RuntimeSource
+from .core.runtimes import RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
 
@@ -180,6 +180,8 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
             return flask_wsgi(environ, start_response)
         try:
             code, body = answer(verb, environ)
+        except WouldBlock:
+            raise  # the worker runs it again on a thread that may block (see worker.Connection.dispatch)
         except Exception:  # a fault of ours; the worker lives on
             log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
             code, body = 500, INTERNAL

@@ -44,10 +44,14 @@ import h11
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
+from .cluster import NoBlocking
+from .core.runtimes import WouldBlock
+
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MAX_BODY = 7 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # what is read and dropped after a 413, at most, before closing instead
 HEAD_LIMIT = 64 * 1024          # request line and headers together (h11's incomplete-event bound)
+INLINE_LIMIT = 64 * 1024  # a review body up to this size is answered on the loop (a larger one on a thread)
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
 
@@ -522,7 +526,20 @@ class Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.pause_reading()
         self.site.worker.nr += 1
-        self.site.worker.threads.submit(self, self.site.app, env)
+        threads = self.site.worker.threads
+        if self.site.tls and length <= INLINE_LIMIT:
+            # A small review is answered here, on the loop: two thread hand-overs (and their wake-ups) cost
+            # more than the review. The app may not block here; a cache miss that needs a live read raises
+            # WouldBlock and the request goes to a thread after all.
+            try:
+                with NoBlocking():
+                    answer = threads.call(self.site.app, env, passthrough=WouldBlock)
+            except WouldBlock:
+                env["wsgi.input"].seek(0)
+            else:
+                self.loop.call_soon(self.respond, *answer)
+                return
+        threads.submit(self, self.site.app, env)
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes):
         """Called on the loop with the app's answer: written, then the next request (or a close)."""
@@ -638,7 +655,11 @@ class AppThreads:
             except RuntimeError:  # the loop is closed: the worker is exiting
                 return
 
-    def _call(self, app: WSGIApp, environ: dict) -> tuple[str, list, bytes]:
+    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> tuple[str, list, bytes]:
+        """Run the app on the caller's thread; `passthrough` exceptions reach the caller."""
+        return self._call(app, environ, passthrough)
+
+    def _call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> tuple[str, list, bytes]:
         started: list = []
         written: list[bytes] = []
 
@@ -659,6 +680,8 @@ class AppThreads:
             if written:
                 body = b"".join(written) + body
             return started[0], started[1], body
+        except passthrough:
+            raise
         except Exception:
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
             return ("500 Internal Server Error", [("Content-Type", "application/json")],

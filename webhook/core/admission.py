@@ -21,7 +21,7 @@ from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, 
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review
 from .rules import Own, RuntimeFacts
-from .runtimes import GROUP, KINDS, RuntimeSource, RuntimeUnavailable
+from .runtimes import GROUP, KINDS, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
@@ -332,6 +332,8 @@ def _guarded(reasons: Reasons, check: Callable, *args):
     """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
     try:
         return check(*args)
+    except WouldBlock:
+        raise  # not a fault: the review is answered again where blocking is allowed
     except RecursionError:  # an object nested deeper than can be walked: the sender's fault
         reasons.add(ErrInvalid, "(object)", "nested too deeply", "S2")
     except Exception:
@@ -387,7 +389,7 @@ class Admission:
             plan = self.plan(req)
             name, namespace = plan.name, plan.namespace
             decision = mutation(plan) if verb is Verb.MUTATE else validation(plan)
-        except BadReview:
+        except (BadReview, WouldBlock):
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
             decision = Decision(reasons=(Reason(ErrInvalid, "(object)", "nested too deeply", "S2"),))

@@ -22,6 +22,11 @@ class RuntimeUnavailable(Exception):
     """The runtime cannot be read now (API unreachable, cache not synced); a retry may succeed."""
 
 
+class WouldBlock(Exception):
+    """The source would have to block (a live read on a cache miss) where its caller forbade it: the
+    server answers most reviews on its event loop and runs this one again on a thread that may block."""
+
+
 class RuntimeSource(Protocol):
     def get(self, kind: str, namespace: str, name: str) -> dict | None: ...
 
