@@ -347,8 +347,8 @@ def runtime_facts(runtime: dict, settings: Settings) -> RuntimeFacts:
         for pod in targets:
             if publish.init_container not in container_names(pod, "initContainers"):
                 reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{what}: replicated job {pod.job!r} has no init container {publish.init_container!r}"
-                            " (publish.via is initContainer)", "R4")
+                            f"{what}: replicated job {pod.job!r} lacks init container {publish.init_container!r}"
+                            " (route 2)", "R4")
     reserved = {PUBLISH_VOLUME} | {c.name for c in settings.credentials}
     for pod in pods:  # R5
         for _, vol in volumes(pod, walk):
