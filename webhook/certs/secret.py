@@ -137,7 +137,7 @@ def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
 # A CA change (the Secret deleted or emptied, or the CA renewed): the replaced CA stays in the caBundle
 # this long after this replica switched, so every replica (each checks the Secret every few seconds) has
 # switched before the API server stops trusting the old pair.
-TRUST_REPLACED_CA_SECONDS = 120.0
+TRUST_REPLACED_CA_SECONDS = 60.0
 # Between widening the caBundle to both CAs and serving the new pair: time for the API servers' webhook
 # configuration informers to load the wider bundle.
 SETTLE_SECONDS = 2.0
