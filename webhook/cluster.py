@@ -13,6 +13,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
+from .core.rules import essentials
 from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable, WouldBlock, key_of
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 VERSION = "v1alpha1"
 PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
 WATCH_SECONDS = 240
+LIST_PAGE = 500
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
 
 
@@ -62,12 +64,10 @@ WatchFn = Callable[[str, str], Iterable[dict]]
 
 
 def slim(obj: dict, kind: str) -> dict:
-    """What the rules read of a runtime: its kind, name, namespace and spec. managedFields and the
-    last-applied annotation are most of a stored object and are dropped, so 10,000 runtimes fit in memory."""
-    meta = obj.get("metadata") or {}
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
-            "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion", "uid") if k in meta},
-            "spec": obj.get("spec")}
+    """What the rules read of a runtime (`rules.essentials`), with its kind (list items may omit it)."""
+    out = essentials(obj)
+    out["kind"] = obj.get("kind") or kind
+    return out
 
 
 class Readiness:
@@ -210,9 +210,21 @@ class ClusterRuntimes:
         return obj
 
     def _list(self, kind: str) -> tuple[list[dict], str]:
-        metrics.API_REQUESTS.labels("list", kind).inc()
-        got = self.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], _request_timeout=(5, 30))
-        return got.get("items", []), got.get("metadata", {}).get("resourceVersion", "")
+        """Every runtime of `kind`, in pages (one snapshot: the pages share its resourceVersion), each item
+        cut to its essentials as it arrives, so a large list never sits in memory whole."""
+        items: list[dict] = []
+        token, version = None, ""
+        while True:
+            metrics.API_REQUESTS.labels("list", kind).inc()
+            kw = {"_continue": token} if token else {}
+            got = self.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], limit=LIST_PAGE,
+                                                      _request_timeout=(5, 30), **kw)
+            items += [slim(i, kind) for i in got.get("items") or []]
+            meta = got.get("metadata") or {}
+            version = meta.get("resourceVersion") or version
+            token = meta.get("continue")
+            if not token:
+                return items, version
 
     def _watch(self, kind: str, version: str) -> Iterator[dict]:
         from kubernetes import watch

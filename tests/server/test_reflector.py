@@ -44,7 +44,7 @@ def reflector(script, index=None):
 def test_list_then_watch_applies_events_in_order():
     script = Script([([rt("a", 1), rt("b", 2)], "10")], [[
         {"type": "ADDED", "object": rt("c", 11)},
-        {"type": "MODIFIED", "object": {**rt("a", 12), "spec": {"x": 1}}},
+        {"type": "MODIFIED", "object": {**rt("a", 12), "spec": {"mlPolicy": {"torch": {}}}}},
         {"type": "DELETED", "object": rt("b", 13)},
         {"type": "BOOKMARK", "object": {"kind": KIND, "metadata": {"resourceVersion": "20"}}},
     ], []])
@@ -53,7 +53,7 @@ def test_list_then_watch_applies_events_in_order():
     script.lists.append(StopReflector())
     r.run(rounds=2)
     assert r.synced.is_set()
-    assert r.index.get(KIND, "", "a")["spec"] == {"x": 1}
+    assert r.index.get(KIND, "", "a")["spec"] == {"mlPolicy": {"torch": {}}}
     assert r.index.get(KIND, "", "b") is None and r.index.get(KIND, "", "c") is not None
     # The second watch resumes from the bookmark's version, without a relist.
     assert script.calls[:3] == [("list",), ("watch", "10"), ("watch", "20")]

@@ -284,3 +284,26 @@ def test_unsupported_and_not_found_together_give_403():
     job["spec"]["runtimeRef"]["kind"] = "Other"
     st = denied(answer(admission(), job), 403, "ErrUnsupported")
     assert st["reason"] == "Forbidden"
+
+
+def test_essentials_give_the_same_facts_in_less():
+    """A watch cache keeps `rules.essentials` of each runtime: every rule must read the same from it."""
+    import json
+    import yaml
+    from webhook.core.rules import essentials, runtime_facts
+    from tests.helpers import EXAMPLES, runtime, settings
+    from tests.e2e import toolchain
+
+    found = [d for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    # Trainer's stock runtimes too (the Go module `make test` downloads before the tests run).
+    stock = toolchain.trainer_module() / "manifests" / "base" / "runtimes"
+    found += [d for f in sorted(stock.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    assert len(found) > 10
+    odd = runtime("odd", jobs={"node": {"containers": "not a list", "volumes": [{"name": "dispatch-publish"}]}})
+    odd["spec"]["template"]["spec"]["replicatedJobs"].append("not a job")
+    found.append(odd)
+    for s in (settings(ROUTE1), settings(ROUTE2), settings({**ROUTE1, **CREDS})):
+        for rt in found:
+            slim = essentials(rt)
+            assert runtime_facts(slim, s) == runtime_facts(rt, s), rt["metadata"]["name"]
+    assert len(json.dumps(essentials(found[0]))) < len(json.dumps(found[0]))

@@ -369,6 +369,33 @@ def runtime_facts(runtime: dict, settings: Settings) -> RuntimeFacts:
     return RuntimeFacts(tuple(p.job for p in targets), policies, tuple(reasons))
 
 
+_MOUNTS = [{"name": True, "volumeMounts": [{"mountPath": True}]}]
+# The parts of a runtime the rules read (see runtime_facts and describe): True keeps a value whole.
+_ESSENTIALS = {
+    "apiVersion": True, "kind": True,
+    "metadata": {"name": True, "namespace": True, "resourceVersion": True, "uid": True},
+    "spec": {"mlPolicy": True, "template": {"spec": {"replicatedJobs": [{"name": True, "template": {"spec": {
+        "template": {"spec": {"containers": _MOUNTS, "initContainers": _MOUNTS, "volumes": [{"name": True}]}}}}}]}}},
+}
+
+
+def _project(value, shape):
+    if shape is True:
+        return value
+    if isinstance(shape, dict) and isinstance(value, dict):
+        return {k: _project(value[k], sub) for k, sub in shape.items() if k in value}
+    if isinstance(shape, list) and isinstance(value, list):
+        return [_project(v, shape[0]) for v in value]
+    return value  # not the expected shape: kept whole, so the rules see exactly what they would have
+
+
+def essentials(runtime: dict) -> dict:
+    """The runtime as the rules read it: its kind, name, namespace, mlPolicy and, per replicated job, the
+    names, mount paths and volume names of its pod. A watch cache keeps only these (managedFields, images,
+    commands and resources are most of an object): the same facts, in a fraction of the memory."""
+    return _project(runtime, _ESSENTIALS)
+
+
 def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env, reasons: Reasons) -> None:
     """R6 and R7: what the TrainJob asks of the runtime (R8 depends on the mutation and is checked with it)."""
     trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else {}
