@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 VERSION = "v1alpha1"
 PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
 WATCH_SECONDS = 240
-LIST_PAGE = 500
+LIST_PAGE = 2000
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
 
 
