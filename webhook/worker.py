@@ -12,12 +12,14 @@ Here one asyncio event loop per worker does all the waiting, and threads only ev
   ssl_handshake_timeout=)`: nothing is read outside the TLS layer), the context asked of gunicorn's
   `ssl_context` hook per connection (the webhook's hook answers its reloading context, so a rotated
   certificate is served to new connections without a restart);
-- HTTP/1.1 parsed with h11, under a deadline that starts at a request's first byte (or at the end of
-  the handshake, for a connection's first request) and covers its head and whole body; the head bounded
-  by gunicorn's limit_request_* settings, the body by the max-body limit;
-- a request read in full goes to a small pool of threads (gunicorn's `threads`) running the WSGI app,
-  and the answer is written back from the loop (the head by the worker: h11's writer cost a quarter of
-  the CPU of a review); keep-alive is honoured (gunicorn's `keepalive`, idle time between requests), so
+- HTTP/1.1: the head buffered to its blank line and parsed by httptools (llhttp, compiled: h11, pure
+  Python, was a fifth of a review's CPU), a Content-Length body counted by the worker; under a deadline
+  that starts at a request's first byte (or at the end of the handshake, for a connection's first
+  request) and covers its head and whole body; the head bounded by gunicorn's limit_request_* settings
+  and 64 KiB, the body by the max-body limit;
+- a small review is answered on the loop; a larger one, or one that needs a live read, goes to a small
+  pool of threads (gunicorn's `threads`) running the WSGI app, and the answer is written back from the
+  loop (the head by the worker); keep-alive is honoured (gunicorn's `keepalive`, idle time between requests), so
   the API server's connections are reused.
 
 A connection past its deadline is closed; it never held a thread, so other clients do not wait for it.
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import unquote_to_bytes, urlsplit
 
-import h11
+import httptools
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
@@ -53,7 +55,7 @@ from .core.runtimes import WouldBlock
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MAX_BODY = 7 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # what is read and dropped after a 413, at most, before closing instead
-HEAD_LIMIT = 64 * 1024          # request line and headers together (h11's incomplete-event bound)
+HEAD_LIMIT = 64 * 1024          # request line and headers together
 INLINE_LIMIT = 64 * 1024  # a review body up to this size is answered on the loop (a larger one on a thread)
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
@@ -336,7 +338,7 @@ _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "conte
 
 
 def _head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) -> bytes:
-    """The response head. Ours, not h11's writer: the app's headers are checked for what could split the
+    """The response head, written by the worker: the app's headers are checked for what could split the
     response (CR, LF) and framing is the worker's (Content-Length, Connection) whatever the app said."""
     lines = ["HTTP/1.1 ", status, "\r\n"]
     for name, value in headers:
@@ -350,8 +352,56 @@ def _head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) 
     return "".join(lines).encode("latin-1")
 
 
+class _Head:
+    """httptools' callbacks for one request head (and, for a chunked request, its body)."""
+
+    __slots__ = ("url", "headers", "complete", "done", "on_chunk")
+
+    def __init__(self):
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False   # the head is parsed
+        self.done = False       # the message is (chunked body read in full, or no body)
+        self.on_chunk: Callable[[bytes], None] | None = None  # a chunked body's data, once the head is done
+
+    def on_url(self, url: bytes):
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes):
+        self.headers.append((name.lower(), value.strip(b" \t")))
+
+    def on_headers_complete(self):
+        self.complete = True
+
+    def on_body(self, data: bytes):
+        if self.on_chunk is not None:
+            self.on_chunk(data)
+
+    def on_message_complete(self):
+        self.done = True
+
+
+class Request:
+    """A request whose head has been read."""
+
+    __slots__ = ("method", "target", "version", "headers", "length", "chunked", "parser", "callbacks")
+
+    def __init__(self, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
+                 length: int, chunked: bool, parser, callbacks: _Head):
+        self.method, self.target, self.version, self.headers = method, target, version, headers
+        self.length, self.chunked = length, chunked   # Content-Length (0 when none), or a chunked body
+        self.parser, self.callbacks = parser, callbacks  # kept to read a chunked body
+
+
 class Connection(asyncio.Protocol):
-    """One client connection: handshake, read, hand over, answer, and again while kept alive."""
+    """One client connection: handshake, read, hand over, answer, and again while kept alive.
+
+    Reading is the worker's own where it decides where a request ends: the head is buffered up to its
+    blank line (so its bound is exact) and parsed by httptools (llhttp, strict: bad framing, a duplicate
+    or invalid Content-Length, Content-Length with Transfer-Encoding are refused), a Content-Length body
+    is counted here, so what follows it is the next request, byte for byte. A chunked body is read by
+    the head's parser, and the connection is closed after its answer (what follows the last chunk is not
+    located)."""
 
     def __init__(self, site: Site):
         self.site = site
@@ -364,12 +414,14 @@ class Connection(asyncio.Protocol):
         self.busy_since = 0.0
         self.write_deadline = 0.0
         self.served = 0          # answers written on this connection
-        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
-        self.request: h11.Request | None = None
+        self.buffer = bytearray()  # received and not yet taken: a head in the making, or what follows a request
+        self.searched = 0        # how far the buffer has been searched for the head's end
+        self.request: Request | None = None
         self.chunks: list[bytes] = []
-        self.size = 0
+        self.size = 0            # body bytes read for the request in hand
         self.collecting = True   # body kept for the app; False once over the limit (dropped, counted)
         self.dispatched = False  # the request went to the app (early, when over the limit)
+        self.body_done = False   # the request in hand has been read to its end
         self.environ: dict | None = None
         self.keep_alive = False  # the request in hand allows the connection to be kept
 
@@ -397,25 +449,24 @@ class Connection(asyncio.Protocol):
         self.deadline = self.idle_since + self.site.options.request_timeout
 
     def data_received(self, data: bytes):
-        if self.state == IDLE:
-            self.state = READING
+        state = self.state
+        if state == IDLE:
+            self.state = state = READING
             self.deadline = self.loop.time() + self.site.options.request_timeout
-        elif self.state == CLOSED:
+        elif state == CLOSED:
             return
-        try:
-            self.http.receive_data(data)
-        except RuntimeError:  # data after a close or an error: nothing more to read
-            return
-        if self.state == READING or (self.state == BUSY and not self.collecting):
-            self._read()
+        if self.request is None:
+            self.buffer += data
+            if state == READING:
+                self._read()
+        elif self.request.chunked:
+            self._feed_chunked(data)
+        else:
+            self._body(data)
 
     def eof_received(self):
-        try:
-            self.http.receive_data(b"")
-        except RuntimeError:
-            pass
-        if self.state == READING:
-            self._read()
+        if self.state == READING and (self.request is not None or self.buffer.strip(b"\r\n")):
+            self._refuse(400, "the connection was closed inside a request")
         return False  # close our side too
 
     def connection_lost(self, exc):
@@ -431,57 +482,140 @@ class Connection(asyncio.Protocol):
     # ---- reading a request ----
 
     def _read(self):
-        http = self.http
-        while self.state == READING or (self.state == BUSY and self.dispatched and http.their_state is h11.SEND_BODY):
-            try:
-                event = http.next_event()
-            except h11.RemoteProtocolError as e:
-                self._refuse(e.error_status_hint if 400 <= e.error_status_hint < 500 else 400, str(e) or "bad request")
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            kind = type(event)
-            if kind is h11.Data:
-                self._body(event.data)
-            elif kind is h11.Request:
-                if not self._head(event):
-                    return
-            elif kind is h11.EndOfMessage:
-                if self.dispatched:  # the rest of an over-limit body has been dropped
-                    if self.state != BUSY:  # and the answer is out: ready for the next request
-                        self._next_cycle()
-                    return
-                self._dispatch(self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks), self.size)
-                return
-            elif kind is h11.ConnectionClosed:
-                self.close()
-                return
+        """A head from the buffer, if it has one (then its body, from what follows)."""
+        buf = self.buffer
+        if buf[:1] in (b"\r", b"\n"):  # blank lines before a request line are allowed (RFC 9112 2.2)
+            stripped = buf.lstrip(b"\r\n")
+            del buf[:len(buf) - len(stripped)]
+            self.searched = 0
+        start = max(0, self.searched - 3)
+        end = buf.find(b"\r\n\r\n", start)
+        if end < 0:
+            if len(buf) > HEAD_LIMIT:
+                self._refuse(431, f"the request head is over {HEAD_LIMIT} bytes")
+            else:
+                self.searched = len(buf)
+            return
+        end += 4
+        if end > HEAD_LIMIT:
+            self._refuse(431, f"the request head is over {HEAD_LIMIT} bytes")
+            return
+        head, rest = bytes(buf[:end]), bytes(buf[end:])
+        buf.clear()
+        self.searched = 0
+        callbacks = _Head()
+        parser = httptools.HttpRequestParser(callbacks)
+        upgrade = False
+        try:
+            parser.feed_data(head)
+        except httptools.HttpParserUpgrade:
+            upgrade = True
+        except httptools.HttpParserError as e:
+            self._refuse(400, _parser_error(e))
+            return
+        if not callbacks.complete:
+            self._refuse(400, "incomplete request head")
+            return
+        req = self._head(parser, callbacks)
+        if req is None:
+            return
+        if upgrade:
+            self.keep_alive = False  # no protocol switch here: answered, then closed
+        if req.chunked:
+            self._feed_chunked(rest)
+        elif req.length == 0:
+            self.body_done = True
+            self.buffer += rest
+            self._dispatch(b"", 0)
+        else:
+            self._body(rest)
 
-    def _head(self, req: h11.Request) -> bool:
+    def _head(self, parser, callbacks: _Head) -> Request | None:
         site = self.site
-        if site.limit_line and len(req.method) + len(req.target) + 10 > site.limit_line:
+        method, target, headers = parser.get_method(), callbacks.url, callbacks.headers
+        if site.limit_line and len(method) + len(target) + 10 > site.limit_line:
             self._refuse(414, f"the request line is over {site.limit_line} bytes")
-            return False
-        if site.limit_fields and len(req.headers) > site.limit_fields:
+            return None
+        if site.limit_fields and len(headers) > site.limit_fields:
             self._refuse(431, f"more than {site.limit_fields} header fields")
-            return False
-        declared = None
-        for name, value in req.headers:
+            return None
+        length, chunked, expect, close, host = 0, False, False, False, False
+        for name, value in headers:
             if site.limit_field_size and len(name) + len(value) + 2 > site.limit_field_size:
                 self._refuse(431, f"a header field is over {site.limit_field_size} bytes")
-                return False
+                return None
             if name == b"content-length":
-                declared = int(value)
+                try:
+                    length = int(value)  # llhttp has checked it: digits, one value
+                except ValueError:
+                    self._refuse(400, "invalid Content-Length")
+                    return None
+            elif name == b"host":
+                host = True
+            elif name == b"transfer-encoding":
+                chunked = True  # llhttp accepts a request's Transfer-Encoding only when it ends in chunked
+            elif name == b"expect":
+                expect = value.lower() == b"100-continue"
+            elif name == b"connection":
+                close = close or b"close" in value.lower()
+        version = parser.get_http_version()
+        if version == "1.1" and not host:
+            self._refuse(400, "an HTTP/1.1 request without a Host header")  # RFC 9112 3.2
+            return None
+        req = Request(method, target, version, headers, length, chunked, parser, callbacks)
         self.request, self.chunks, self.size, self.collecting, self.dispatched = req, [], 0, True, False
-        self.keep_alive = bool(site.keepalive) and req.http_version == b"1.1" and not any(
-            name == b"connection" and b"close" in value.lower() for name, value in req.headers)
-        if declared is not None and declared > site.options.max_body:
-            self._over_limit(declared)
-        elif self.http.they_are_waiting_for_100_continue:
+        self.body_done = False
+        self.keep_alive = bool(site.keepalive) and version == "1.1" and not close and not chunked
+        if length > site.options.max_body:
+            if expect:  # a body the client will not send unless told to continue
+                self.keep_alive = False
+            self._over_limit(length)
+        elif expect and version == "1.1" and (length or chunked):
             self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
-        return True
+        return req
 
-    def _body(self, data):
+    def _body(self, data: bytes):
+        """Content-Length body bytes; what follows the body is kept for the next request."""
+        req = self.request
+        need = req.length - self.size
+        if len(data) > need:
+            self.buffer += data[need:]
+            data = data[:need]
+        self.size += len(data)
+        if self.collecting:
+            self.chunks.append(data)
+        elif self.size > DRAIN_LIMIT:
+            self.abort()
+            return
+        if self.size == req.length:
+            self.body_done = True
+            if self.dispatched:  # the rest of an over-limit body has been dropped
+                if self.state != BUSY:  # and the answer is out: ready for the next request
+                    self._next_cycle()
+                return
+            self._dispatch(self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks), self.size)
+
+    def _feed_chunked(self, data: bytes):
+        req = self.request
+        callbacks = req.callbacks
+        if callbacks.on_chunk is None:
+            callbacks.on_chunk = self._chunk
+        if not data or callbacks.done:
+            if callbacks.done:
+                self._chunked_done()
+            return
+        try:
+            req.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            if self.state != CLOSED:
+                self._refuse(400, _parser_error(e))
+            return
+        if callbacks.done and self.state != CLOSED:
+            self._chunked_done()
+
+    def _chunk(self, data: bytes):
+        if self.state == CLOSED:
+            return
         self.size += len(data)
         if self.collecting:
             if self.size > self.site.options.max_body:
@@ -492,13 +626,20 @@ class Connection(asyncio.Protocol):
         elif self.size > DRAIN_LIMIT:
             self.abort()
 
+    def _chunked_done(self):
+        if self.body_done:
+            return
+        self.body_done = True
+        if not self.dispatched:
+            self._dispatch(b"".join(self.chunks), self.size)
+        elif self.state != BUSY:  # over the limit, answered: closed (nothing after a chunked body is read)
+            self.close()
+
     def _over_limit(self, length: int):
         """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
         self.collecting = False
-        if length > DRAIN_LIMIT or self.http.they_are_waiting_for_100_continue:
-            # More than is worth reading to keep the connection, or a body the client will not send
-            # unless told to continue: closed after the answer.
-            self.keep_alive = False
+        if length > DRAIN_LIMIT:
+            self.keep_alive = False  # more than is worth reading to keep the connection: closed after the answer
         self._dispatch(b"", length)
 
     # ---- the app ----
@@ -515,7 +656,7 @@ class Connection(asyncio.Protocol):
         env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
         env["QUERY_STRING"] = query.decode("latin-1")
         env["RAW_URI"] = target.decode("latin-1")
-        env["SERVER_PROTOCOL"] = "HTTP/" + req.http_version.decode("ascii")
+        env["SERVER_PROTOCOL"] = "HTTP/" + req.version
         env["CONTENT_LENGTH"] = str(length)
         for name, value in req.headers:
             if b"_" in name:  # ambiguous with '-' once in the environ: dropped, as gunicorn does
@@ -566,29 +707,24 @@ class Connection(asyncio.Protocol):
         self.idle_since = self.loop.time()
         if not keep:
             self.close()
-        elif self.http.their_state is h11.DONE:
+        elif self.body_done:
             self._next_cycle()
         else:  # still dropping an over-limit body, under the request's deadline
             self.state = READING
             if self.transport is not None:
                 self.transport.resume_reading()
-            self._read()
 
     def _next_cycle(self):
-        """Ready for the next request on this connection (a fresh h11 state, fed what already arrived)."""
-        leftover, closed = self.http.trailing_data
-        self.http = http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+        """Ready for the next request on this connection (and on to it, if it has already arrived)."""
         self.request, self.chunks, self.size, self.collecting, self.dispatched = None, [], 0, True, False
+        self.body_done = False
         self.state = IDLE
         self.idle_since = self.loop.time()
         self.deadline = self.idle_since + self.site.keepalive
         if self.transport is not None:
             self.transport.resume_reading()
-        if leftover or closed:
-            http.receive_data(leftover)
-            if closed:
-                http.receive_data(b"")
-            self.state = READING  # a pipelined request already arrived
+        if self.buffer:  # a pipelined request already arrived
+            self.state = READING
             self.deadline = self.loop.time() + self.site.options.request_timeout
             self._read()
 
@@ -695,6 +831,12 @@ class AppThreads:
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
             return ("500 Internal Server Error", [("Content-Type", "application/json")],
                     _error_body(500, "internal error"))
+
+
+def _parser_error(e: Exception) -> str:
+    """llhttp's reason, without its offsets: 'Invalid method encountered' and the like."""
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 200 else text[:200]
 
 
 def _count_timeout(stage: str) -> None:

@@ -148,6 +148,14 @@ def test_expect_100_continue_over_the_limit_is_413_without_the_body(ops):
     (b"NOT A REQUEST\r\n\r\n", 400),
     (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello", 400),
     (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    # Content-Length beside Transfer-Encoding (request smuggling), a coding that is not chunked last,
+    # a name with a space, a NUL in a value, no Host in HTTP/1.1 (RFC 9112 3.2), a negative length
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),
+    (b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
 ])
 def test_request_limits_and_bad_framing(ops, raw, code):
     """gunicorn's limit_request_line/fields/field_size hold (414, 431), a head over 64 KiB is 431, and bad
@@ -160,6 +168,34 @@ def test_request_limits_and_bad_framing(ops, raw, code):
         assert got == code and json.loads(body)["code"] == code
         assert headers.get("connection") == "close"
         assert s.recv(1) == b""
+
+
+def test_requests_split_anywhere_and_pipelined_are_read_exactly(ops):
+    """Where one request ends and the next begins is exact whatever the reads: two reviews and a GET,
+    with blank lines before one (RFC 9112 2.2), sent a few bytes per TLS record, each answered in order."""
+    base, ca, *_ = ops
+    stream = request_bytes() + b"\r\n" + request_bytes(b"/validate") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with tls_socket(base, ca) as s:
+        for i in range(0, len(stream), 7):
+            s.sendall(stream[i:i + 7])
+        buffered = bytearray()
+        answers = [read_response(s, buffered) for _ in range(3)]
+    assert [a[0] for a in answers] == [200, 200, 200]
+    assert json.loads(answers[0][2])["response"]["allowed"] is True
+    assert json.loads(answers[1][2])["response"]["allowed"] is False
+    assert json.loads(answers[2][2]) == {"status": "ok"}
+
+
+def test_a_chunked_request_is_answered_then_the_connection_closed(ops):
+    """A chunked body is read by the head's parser; what follows its last chunk is not located, so the
+    answer says `Connection: close` and the connection ends."""
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
+        code, headers, body = read_response(s, bytearray())
+        assert code == 200 and json.loads(body)["response"]["allowed"] is True
+        assert headers.get("connection") == "close" and s.recv(1) == b""
 
 
 def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
