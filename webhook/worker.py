@@ -38,6 +38,7 @@ import io
 import json
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -332,7 +333,7 @@ def _error_body(code: int, message: str) -> bytes:
 
 _JSON = [("Content-Type", "application/json")]
 _INTERNAL = _error_body(500, "internal error")
-_REASONS = {400: "Bad Request", 413: "Content Too Large", 414: "URI Too Long",
+_REASONS = {400: "Bad Request", 413: "Content Too Large", 414: "URI Too Long", 505: "HTTP Version Not Supported",
             431: "Request Header Fields Too Large"}
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length"))
 
@@ -352,6 +353,10 @@ def _head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) 
     return "".join(lines).encode("latin-1")
 
 
+class _EndOfMessage(Exception):
+    """Raised from a callback to stop llhttp at the end of a chunked message: what follows is not read."""
+
+
 class _Head:
     """httptools' callbacks for one request head (and, for a chunked request, its body)."""
 
@@ -368,7 +373,8 @@ class _Head:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes):
-        self.headers.append((name.lower(), value.strip(b" \t")))
+        if not self.complete:  # a chunked body's trailer fields are not headers: dropped
+            self.headers.append((name.lower(), value.strip(b" \t")))
 
     def on_headers_complete(self):
         self.complete = True
@@ -379,16 +385,20 @@ class _Head:
 
     def on_message_complete(self):
         self.done = True
+        if self.on_chunk is not None:
+            raise _EndOfMessage
 
 
 class Request:
     """A request whose head has been read."""
 
-    __slots__ = ("method", "target", "version", "headers", "length", "chunked", "parser", "callbacks")
+    __slots__ = ("method", "target", "path", "query", "version", "headers", "length", "chunked", "parser",
+                 "callbacks")
 
-    def __init__(self, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, chunked: bool, parser, callbacks: _Head):
+    def __init__(self, method: bytes, target: bytes, path: bytes, query: bytes, version: str,
+                 headers: list[tuple[bytes, bytes]], length: int, chunked: bool, parser, callbacks: _Head):
         self.method, self.target, self.version, self.headers = method, target, version, headers
+        self.path, self.query = path, query  # the target's, origin-form
         self.length, self.chunked = length, chunked   # Content-Length (0 when none), or a chunked body
         self.parser, self.callbacks = parser, callbacks  # kept to read a chunked body
 
@@ -416,8 +426,10 @@ class Connection(asyncio.Protocol):
         self.served = 0          # answers written on this connection
         self.buffer = bytearray()  # received and not yet taken: a head in the making, or what follows a request
         self.searched = 0        # how far the buffer has been searched for the head's end
+        self.fed = 0             # a chunked request's bytes as sent (framing included), bounded
         self.request: Request | None = None
         self.chunks: list[bytes] = []
+        self.chunked_body = bytearray()  # a chunked body's data (chunks may be tiny: one buffer, not a list)
         self.size = 0            # body bytes read for the request in hand
         self.collecting = True   # body kept for the app; False once over the limit (dropped, counted)
         self.dispatched = False  # the request went to the app (early, when over the limit)
@@ -463,6 +475,8 @@ class Connection(asyncio.Protocol):
             self._feed_chunked(data)
         else:
             self._body(data)
+            if self.body_done and len(self.buffer) > HEAD_LIMIT and self.transport is not None:
+                self.transport.pause_reading()  # what follows waits for the answer; it is read after it
 
     def eof_received(self):
         if self.state == READING and (self.request is not None or self.buffer.strip(b"\r\n")):
@@ -488,8 +502,16 @@ class Connection(asyncio.Protocol):
             stripped = buf.lstrip(b"\r\n")
             del buf[:len(buf) - len(stripped)]
             self.searched = 0
+            if not buf:  # only blank lines: still between requests
+                self.state = IDLE
+                self.deadline = self.loop.time() + (self.site.keepalive if self.served else
+                                                    self.site.options.request_timeout)
+                return
         start = max(0, self.searched - 3)
         end = buf.find(b"\r\n\r\n", start)
+        if _BARE_LF.search(buf, max(0, self.searched - 1), end + 4 if end >= 0 else len(buf)):
+            self._refuse(400, "a line of the request head ends in LF without CR")
+            return
         if end < 0:
             if len(buf) > HEAD_LIMIT:
                 self._refuse(431, f"the request head is over {HEAD_LIMIT} bytes")
@@ -520,6 +542,9 @@ class Connection(asyncio.Protocol):
         if req is None:
             return
         if upgrade:
+            if req.chunked:  # llhttp reads no body after an upgrade: a chunked one would be lost
+                self._refuse(400, "an upgrade request with a chunked body")
+                return
             self.keep_alive = False  # no protocol switch here: answered, then closed
         if req.chunked:
             self._feed_chunked(rest)
@@ -539,7 +564,15 @@ class Connection(asyncio.Protocol):
         if site.limit_fields and len(headers) > site.limit_fields:
             self._refuse(431, f"more than {site.limit_fields} header fields")
             return None
-        length, chunked, expect, close, host = 0, False, False, False, False
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            self._refuse(505, f"HTTP/{version} is not served: HTTP/1.1 only")
+            return None
+        if method == b"CONNECT":
+            self._refuse(400, "CONNECT is not served")
+            return None
+        length, chunked, expect, close, hosts = 0, False, False, False, 0
+        codings: list[bytes] = []
         for name, value in headers:
             if site.limit_field_size and len(name) + len(value) + 2 > site.limit_field_size:
                 self._refuse(431, f"a header field is over {site.limit_field_size} bytes")
@@ -551,20 +584,29 @@ class Connection(asyncio.Protocol):
                     self._refuse(400, "invalid Content-Length")
                     return None
             elif name == b"host":
-                host = True
+                hosts += 1
             elif name == b"transfer-encoding":
-                chunked = True  # llhttp accepts a request's Transfer-Encoding only when it ends in chunked
+                codings += (c.strip().lower() for c in value.split(b","))
             elif name == b"expect":
                 expect = value.lower() == b"100-continue"
             elif name == b"connection":
                 close = close or b"close" in value.lower()
-        version = parser.get_http_version()
-        if version == "1.1" and not host:
-            self._refuse(400, "an HTTP/1.1 request without a Host header")  # RFC 9112 3.2
+        if hosts > 1 or (version == "1.1" and not hosts):  # RFC 9112 3.2
+            self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
             return None
-        req = Request(method, target, version, headers, length, chunked, parser, callbacks)
+        if codings:
+            if codings != [b"chunked"]:  # llhttp requires chunked last; no other coding is decoded here
+                self._refuse(400, "Transfer-Encoding other than chunked")
+                return None
+            chunked = True
+        try:
+            path, query = _origin_form(target)
+        except ValueError:
+            self._refuse(400, "an invalid request target")
+            return None
+        req = Request(method, target, path, query, version, headers, length, chunked, parser, callbacks)
         self.request, self.chunks, self.size, self.collecting, self.dispatched = req, [], 0, True, False
-        self.body_done = False
+        self.body_done, self.fed = False, 0
         self.keep_alive = bool(site.keepalive) and version == "1.1" and not close and not chunked
         if length > site.options.max_body:
             if expect:  # a body the client will not send unless told to continue
@@ -583,7 +625,8 @@ class Connection(asyncio.Protocol):
             data = data[:need]
         self.size += len(data)
         if self.collecting:
-            self.chunks.append(data)
+            if data:
+                self.chunks.append(data)
         elif self.size > DRAIN_LIMIT:
             self.abort()
             return
@@ -592,6 +635,8 @@ class Connection(asyncio.Protocol):
             if self.dispatched:  # the rest of an over-limit body has been dropped
                 if self.state != BUSY:  # and the answer is out: ready for the next request
                     self._next_cycle()
+                elif self.transport is not None:  # what follows waits for the answer
+                    self.transport.pause_reading()
                 return
             self._dispatch(self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks), self.size)
 
@@ -600,16 +645,26 @@ class Connection(asyncio.Protocol):
         callbacks = req.callbacks
         if callbacks.on_chunk is None:
             callbacks.on_chunk = self._chunk
-        if not data or callbacks.done:
-            if callbacks.done:
-                self._chunked_done()
+        if callbacks.done:  # read to its last chunk: nothing after it is read (closed after the answer)
+            self._chunked_done()
+            return
+        if not data:
+            return
+        self.fed += len(data)
+        if self.fed - self.size > self.site.options.max_body // 4 + HEAD_LIMIT:
+            # Framing (tiny chunks, extensions, trailers) far beyond the body it carries
+            if not self.dispatched:
+                self._refuse(413, f"the chunked body is over the limit of {self.site.options.max_body} bytes")
+            else:
+                self.abort()
             return
         try:
             req.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            if self.state != CLOSED:
-                self._refuse(400, _parser_error(e))
-            return
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            if not callbacks.done:  # stopped at the message's end (_EndOfMessage) is not an error
+                if self.state != CLOSED:
+                    self._refuse(400, _parser_error(e))
+                return
         if callbacks.done and self.state != CLOSED:
             self._chunked_done()
 
@@ -619,10 +674,10 @@ class Connection(asyncio.Protocol):
         self.size += len(data)
         if self.collecting:
             if self.size > self.site.options.max_body:
-                self.chunks = []
+                self.chunked_body = bytearray()
                 self._over_limit(self.size)
             else:
-                self.chunks.append(data)
+                self.chunked_body += data
         elif self.size > DRAIN_LIMIT:
             self.abort()
 
@@ -631,9 +686,8 @@ class Connection(asyncio.Protocol):
             return
         self.body_done = True
         if not self.dispatched:
-            self._dispatch(b"".join(self.chunks), self.size)
-        elif self.state != BUSY:  # over the limit, answered: closed (nothing after a chunked body is read)
-            self.close()
+            body, self.chunked_body = bytes(self.chunked_body), bytearray()
+            self._dispatch(body, self.size)
 
     def _over_limit(self, length: int):
         """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
@@ -647,15 +701,11 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, body: bytes, length: int):
         req = self.request
         env = self.environ.copy()
-        target = req.target
-        if target[:1] != b"/":  # absolute-form, or '*'
-            parts = urlsplit(target)
-            target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        path, _, query = target.partition(b"?")
+        path, query = req.path, req.query
         env["REQUEST_METHOD"] = req.method.decode("ascii")
         env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
         env["QUERY_STRING"] = query.decode("latin-1")
-        env["RAW_URI"] = target.decode("latin-1")
+        env["RAW_URI"] = (path + b"?" + query if query else path).decode("latin-1")
         env["SERVER_PROTOCOL"] = "HTTP/" + req.version
         env["CONTENT_LENGTH"] = str(length)
         for name, value in req.headers:
@@ -717,7 +767,7 @@ class Connection(asyncio.Protocol):
     def _next_cycle(self):
         """Ready for the next request on this connection (and on to it, if it has already arrived)."""
         self.request, self.chunks, self.size, self.collecting, self.dispatched = None, [], 0, True, False
-        self.body_done = False
+        self.body_done, self.fed, self.chunked_body = False, 0, bytearray()
         self.state = IDLE
         self.idle_since = self.loop.time()
         self.deadline = self.idle_since + self.site.keepalive
@@ -831,6 +881,19 @@ class AppThreads:
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
             return ("500 Internal Server Error", [("Content-Type", "application/json")],
                     _error_body(500, "internal error"))
+
+
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def _origin_form(target: bytes) -> tuple[bytes, bytes]:
+    """(path, query) of a request target; an absolute-form one is reduced to its path and query.
+    ValueError for a target urlsplit cannot read (`http://[::1/`)."""
+    if target[:1] != b"/":  # absolute-form, or '*'
+        parts = urlsplit(target)
+        target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
+    path, _, query = target.partition(b"?")
+    return path, query
 
 
 def _parser_error(e: Exception) -> str:

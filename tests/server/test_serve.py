@@ -156,6 +156,17 @@ def test_expect_100_continue_over_the_limit_is_413_without_the_body(ops):
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),
     (b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400),
     (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+    # a coding before chunked (it would reach the app undecoded), two Host fields, bare LF line ends,
+    # a target urlsplit cannot read, CONNECT, an HTTP version other than 1.x, an upgrade with a chunked body
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\n", 400),
+    (b"GET http://[::1/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    (b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n", 400),
+    (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: x\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400),
 ])
 def test_request_limits_and_bad_framing(ops, raw, code):
     """gunicorn's limit_request_line/fields/field_size hold (414, 431), a head over 64 KiB is 431, and bad
@@ -196,6 +207,47 @@ def test_a_chunked_request_is_answered_then_the_connection_closed(ops):
         code, headers, body = read_response(s, bytearray())
         assert code == 200 and json.loads(body)["response"]["allowed"] is True
         assert headers.get("connection") == "close" and s.recv(1) == b""
+
+
+def test_a_chunked_body_ends_at_its_last_chunk(ops):
+    """What follows a chunked body's last chunk (trailers, another request) is not read into it: the
+    review is answered from its own body, trailer fields are not headers, and the connection closes."""
+    base, ca, *_ = ops
+    second = request_bytes(b"/validate", body=b"WORLD")
+    with tls_socket(base, ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(BODY) + BODY
+                  + b"\r\n0\r\nContent-Type: text/plain\r\nX-Trailer: 1\r\n\r\n" + second)
+        code, headers, body = read_response(s, bytearray())
+        assert code == 200 and json.loads(body)["response"]["allowed"] is True
+        assert headers.get("connection") == "close" and s.recv(1) == b""
+
+
+def test_chunked_framing_far_beyond_its_body_is_refused(ops):
+    """Tiny chunks cost a callback and framing each: the framing a chunked body is sent with is bounded
+    (a quarter of the body limit and 64 KiB), not only the body."""
+    base, ca, *_ = ops
+    with tls_socket(base, ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"1;" + b"e" * 4000 + b"\r\na\r\n"  # one body byte per 4 KB of framing
+        sent, buffered = 0, bytearray()
+        try:
+            while sent < 16 * 1024 * 1024 and not buffered:  # 16 MB of framing for 4,000 body bytes
+                s.sendall(chunk * 8)
+                sent += len(chunk) * 8
+                s.setblocking(False)  # stop sending once the answer is there (not to be reset under it)
+                try:
+                    buffered += s.recv(65536)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    pass
+                finally:
+                    s.setblocking(True)
+                    s.settimeout(10)
+        except (ConnectionError, ssl.SSLError):
+            pass
+        code, headers, body = read_response(s, buffered)
+        assert code == 413 and headers.get("connection") == "close"
 
 
 def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
