@@ -464,7 +464,8 @@ class Connection(asyncio.Protocol):
         state = self.state
         if state == IDLE:
             self.state = state = READING
-            self.deadline = self.loop.time() + self.site.options.request_timeout
+            if self.served:  # a connection's first request keeps the deadline set at the handshake's end
+                self.deadline = self.loop.time() + self.site.options.request_timeout
         elif state == CLOSED:
             return
         if self.request is None:
@@ -479,7 +480,7 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()  # what follows waits for the answer; it is read after it
 
     def eof_received(self):
-        if self.state == READING and (self.request is not None or self.buffer.strip(b"\r\n")):
+        if self.state == READING and not self.dispatched and (self.request is not None or self.buffer.strip(b"\r\n")):
             self._refuse(400, "the connection was closed inside a request")
         return False  # close our side too
 
@@ -502,11 +503,14 @@ class Connection(asyncio.Protocol):
             stripped = buf.lstrip(b"\r\n")
             del buf[:len(buf) - len(stripped)]
             self.searched = 0
-            if not buf:  # only blank lines: still between requests
+            if not buf:  # only blank lines: still between requests, under the same deadline
                 self.state = IDLE
-                self.deadline = self.loop.time() + (self.site.keepalive if self.served else
-                                                    self.site.options.request_timeout)
+                self.deadline = self.idle_since + (self.site.keepalive if self.served else
+                                                   self.site.options.request_timeout)
                 return
+        if buf[0] not in _TOKEN:  # a request line starts with a method: junk (a TLS hello on plain HTTP) at once
+            self._refuse(400, "not an HTTP/1.1 request")
+            return
         start = max(0, self.searched - 3)
         end = buf.find(b"\r\n\r\n", start)
         if _BARE_LF.search(buf, max(0, self.searched - 1), end + 4 if end >= 0 else len(buf)):
@@ -635,8 +639,10 @@ class Connection(asyncio.Protocol):
             if self.dispatched:  # the rest of an over-limit body has been dropped
                 if self.state != BUSY:  # and the answer is out: ready for the next request
                     self._next_cycle()
-                elif self.transport is not None:  # what follows waits for the answer
-                    self.transport.pause_reading()
+                else:  # read in full: what follows waits for the answer, and no client deadline runs
+                    self.deadline = 0.0
+                    if self.transport is not None:
+                        self.transport.pause_reading()
                 return
             self._dispatch(self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks), self.size)
 
@@ -651,13 +657,6 @@ class Connection(asyncio.Protocol):
         if not data:
             return
         self.fed += len(data)
-        if self.fed - self.size > self.site.options.max_body // 4 + HEAD_LIMIT:
-            # Framing (tiny chunks, extensions, trailers) far beyond the body it carries
-            if not self.dispatched:
-                self._refuse(413, f"the chunked body is over the limit of {self.site.options.max_body} bytes")
-            else:
-                self.abort()
-            return
         try:
             req.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
@@ -665,8 +664,17 @@ class Connection(asyncio.Protocol):
                 if self.state != CLOSED:
                     self._refuse(400, _parser_error(e))
                 return
-        if callbacks.done and self.state != CLOSED:
+        if self.state == CLOSED:
+            return
+        if callbacks.done:
             self._chunked_done()
+        elif self.fed - self.size > HEAD_LIMIT + self.size // 8:
+            # Framing (tiny chunks, extensions, trailers) far beyond the data it carries: each chunk is a
+            # callback, so it is bounded against the data, not only the body
+            if not self.dispatched:
+                self._refuse(400, "chunked framing far larger than the data it carries")
+            else:
+                self.abort()
 
     def _chunk(self, data: bytes):
         if self.state == CLOSED:
@@ -688,6 +696,12 @@ class Connection(asyncio.Protocol):
         if not self.dispatched:
             body, self.chunked_body = bytes(self.chunked_body), bytearray()
             self._dispatch(body, self.size)
+        elif self.state == BUSY:  # over the limit, the answer pending: nothing more is read
+            self.deadline = 0.0
+            if self.transport is not None:
+                self.transport.pause_reading()
+        else:  # over the limit, answered and the rest dropped: closed (nothing after it is read)
+            self.close()
 
     def _over_limit(self, length: int):
         """Hand the app the request with its length and no body: it answers 413; the rest is dropped."""
@@ -705,7 +719,8 @@ class Connection(asyncio.Protocol):
         env["REQUEST_METHOD"] = req.method.decode("ascii")
         env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
         env["QUERY_STRING"] = query.decode("latin-1")
-        env["RAW_URI"] = (path + b"?" + query if query else path).decode("latin-1")
+        env["RAW_URI"] = (req.target if req.target[:1] == b"/" else
+                          path + b"?" + query if query else path).decode("latin-1")
         env["SERVER_PROTOCOL"] = "HTTP/" + req.version
         env["CONTENT_LENGTH"] = str(length)
         for name, value in req.headers:
@@ -756,6 +771,14 @@ class Connection(asyncio.Protocol):
         self.busy_since = 0.0
         self.idle_since = self.loop.time()
         if not keep:
+            req = self.request
+            if req.chunked and not self.body_done and not self.collecting and self.site.worker.alive:
+                # An over-limit chunked body: dropped to its last chunk (bounded), then closed, so the
+                # client is not reset before it reads the answer
+                self.state = READING
+                if self.transport is not None:
+                    self.transport.resume_reading()
+                return
             self.close()
         elif self.body_done:
             self._next_cycle()
@@ -884,6 +907,7 @@ class AppThreads:
 
 
 _BARE_LF = re.compile(rb"(?<!\r)\n")
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 def _origin_form(target: bytes) -> tuple[bytes, bytes]:

@@ -225,7 +225,7 @@ def test_a_chunked_body_ends_at_its_last_chunk(ops):
 
 def test_chunked_framing_far_beyond_its_body_is_refused(ops):
     """Tiny chunks cost a callback and framing each: the framing a chunked body is sent with is bounded
-    (a quarter of the body limit and 64 KiB), not only the body."""
+    against the data it carries (64 KiB and an eighth of the data), not only the body: 400."""
     base, ca, *_ = ops
     with tls_socket(base, ca) as s:
         s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -247,7 +247,20 @@ def test_chunked_framing_far_beyond_its_body_is_refused(ops):
         except (ConnectionError, ssl.SSLError):
             pass
         code, headers, body = read_response(s, buffered)
-        assert code == 413 and headers.get("connection") == "close"
+        assert code == 400 and headers.get("connection") == "close"
+        assert "framing" in json.loads(body)["error"]
+
+
+def test_junk_is_refused_at_once_not_at_the_deadline(ops):
+    """A TLS ClientHello sent to the plain metrics listener is not an HTTP request: 400 at its first
+    byte, not a wait for the request deadline or 64 KiB."""
+    *_, metrics = ops
+    port = int(metrics.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        started = time.monotonic()
+        s.sendall(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03")
+        code, headers, body = read_response(s, bytearray())
+        assert code == 400 and s.recv(1) == b"" and time.monotonic() - started < 3
 
 
 def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
