@@ -44,11 +44,9 @@ from cryptography.hazmat.primitives import serialization
 from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _LOGS
-from tests.e2e.node import NODE_NAME, Images, NodeCluster, start_node_cluster
-from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, _runtimes, assert_complete, assert_in_pod_checks,
-                                 assert_only_our_mount, entry, logs, pods_of, trainjob)
-from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
+from tests.e2e.node import NODE_NAME, Images, NodeCluster
+from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, assert_complete, assert_in_pod_checks,
+                                 assert_only_our_mount, entry, logs, pods_of, start_trainer_on_node, trainjob)
 from tests.helpers import MANAGER, ROOT
 from tests.process import stop
 
@@ -284,18 +282,8 @@ def webhook_values(images: Images, image: str) -> dict:
 def inst(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
     with contextlib.ExitStack() as stack:
-        nc = start_node_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), _LOGS)
+        nc = start_trainer_on_node(stack, tmp, (NS, LOAD_NS))
         c = nc.cluster
-        for ns in (NS, LOAD_NS):
-            c.kubectl("create", "namespace", ns)
-        c.kubectl("create", "secret", "generic", "s3-credentials", "-n", NS, "--from-literal=access-key=e2e-access-key")
-        for doc in _runtimes(nc.images):
-            c.apply(doc)
-        proc, port = _start_trainer(c, tmp)
-        stack.callback(stop, proc)
-        ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
-        for doc in _trainer_webhooks(port, ca):
-            c.apply(doc)
         # The session's image (built once, by test_image.py when it ran first), pushed to this node's registry.
         started = time.monotonic()
         webhook_image = image_mod.build_webhook_image(nc.registry)

@@ -105,23 +105,31 @@ IN_POD_CHECKS = (
 )
 
 
+def start_trainer_on_node(stack: contextlib.ExitStack, tmp: Path, namespaces: tuple[str, ...]) -> NodeCluster:
+    """The one-node cluster with what a TrainJob here needs: `namespaces` (the first holds the credentials
+    Secret), the node's runtimes, and Trainer's controller manager with its webhooks."""
+    nc = start_node_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), _LOGS)
+    c = nc.cluster
+    for ns in namespaces:
+        c.kubectl("create", "namespace", ns)
+    c.kubectl("create", "secret", "generic", "s3-credentials", "-n", namespaces[0],
+              "--from-literal=access-key=e2e-access-key")
+    for doc in _runtimes(nc.images):
+        c.apply(doc)
+    proc, port = _start_trainer(c, tmp)
+    stack.callback(stop, proc)
+    for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
+        c.apply(doc)
+    return nc
+
+
 @pytest.fixture(scope="module")
 def node_env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("node")
     with contextlib.ExitStack() as stack:
-        nc = start_node_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), _LOGS)
+        nc = start_trainer_on_node(stack, tmp, (NS, "team-q"))
         c = nc.cluster
-        for ns in (NS, "team-q"):
-            c.kubectl("create", "namespace", ns)
-        c.kubectl("create", "secret", "generic", "s3-credentials", "-n", NS, "--from-literal=access-key=e2e-access-key")
-        for doc in _runtimes(nc.images):
-            c.apply(doc)
         c.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "team-a.yaml"))  # the namespaced runtimes R3, R5, R6 name
-        proc, port = _start_trainer(c, tmp)
-        stack.callback(stop, proc)
-        ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
-        for doc in _trainer_webhooks(port, ca):
-            c.apply(doc)
         hooks = []
         for name, settings in zip(("route1", "route2"), _settings(tmp, nc.images)):
             url, ca_file, log, wproc = stack.enter_context(webhook_server(
