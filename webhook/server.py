@@ -87,6 +87,17 @@ STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 4
 INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
 
 
+class Answered(list):
+    """A review's WSGI result: its body, and its accounting run by close(), which the server calls once the
+    request is complete (PEP 3333), i.e. after the answer is written."""
+
+    __slots__ = ("close",)
+
+    def __init__(self, body: bytes, account: Callable[[], None]):
+        super().__init__((body,))
+        self.close = account
+
+
 class ReviewLog:
     """One JSON line per review on stderr, written with a single os.write.
 
@@ -126,51 +137,58 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
     latency = {v: metrics.LATENCY.labels(v.value) for v in Verb}
 
-    def answer(verb: Verb, environ: dict) -> tuple[int, bytes]:
-        """(HTTP status, JSON body) for one review request."""
+    def answer(verb: Verb, environ: dict) -> tuple[int, bytes, Callable[[], None] | None]:
+        """(HTTP status, JSON body, the review's accounting) for one review request. The accounting (metrics,
+        the log line) is left to the caller to run once the answer is sent: it is off the API server's clock."""
         started = time.perf_counter()
         endpoint = verb.value
         mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
         if mimetype != "application/json":
-            return 415, _error_body(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}")
+            return 415, _error_body(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}"), None
         stream = environ["wsgi.input"]
         content_length = get_content_length(environ)
         if content_length is not None and content_length > max_body:
             _drain(stream)
-            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes")
+            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
         body = _read_body(stream, content_length, max_body)
         if body is None:
             _drain(stream)
-            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes")
+            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as e:
-            return 400, _error_body(400, f"the body is not JSON: {str(e)[:200]}")
+            return 400, _error_body(400, f"the body is not JSON: {str(e)[:200]}"), None
         try:
             response, outcome = admission.review(doc, verb)
         except BadReview as e:
-            return 400, _error_body(400, f"not an AdmissionReview v1: {e}")
+            return 400, _error_body(400, f"not an AdmissionReview v1: {e}"), None
         out = _dumps(response)
         elapsed = time.perf_counter() - started
-        latency[verb].observe(elapsed)
-        metrics.REVIEWS.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
-        would_deny = outcome.would_deny
-        for sentinel, rule in would_deny:
-            metrics.WOULD_DENY.labels(sentinel, rule).inc()
-        if outcome.intercepted and review_log.enabled:
-            review_log.write({
-                "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
-                "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
-                "sentinel": outcome.sentinel or None, "patched": bool(outcome.ops and outcome.allowed),
-                "warnings": len(outcome.warnings), "ms": round(elapsed * 1000, 3),
-                **({"would_deny": [{"sentinel": s, "rule": r} for s, r in would_deny]} if would_deny else {}),
-                **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
-            })
-        return 200, out
+
+        def account() -> None:
+            latency[verb].observe(elapsed)
+            metrics.REVIEWS.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+            would_deny = outcome.would_deny
+            for sentinel, rule in would_deny:
+                metrics.WOULD_DENY.labels(sentinel, rule).inc()
+            if outcome.intercepted and review_log.enabled:
+                review_log.write({
+                    "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
+                    "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
+                    "sentinel": outcome.sentinel or None, "patched": bool(outcome.ops and outcome.allowed),
+                    "warnings": len(outcome.warnings), "ms": round(elapsed * 1000, 3),
+                    **({"would_deny": [{"sentinel": s, "rule": r} for s, r in would_deny]} if would_deny else {}),
+                    **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
+                })
+
+        return 200, out, account
 
     def handle(verb: Verb) -> Response:
-        code, body = answer(verb, request.environ)
-        return Response(body, status=code, mimetype="application/json")
+        code, body, account = answer(verb, request.environ)
+        response = Response(body, status=code, mimetype="application/json")
+        if account is not None:
+            response.call_on_close(account)
+        return response
 
     flask_wsgi = app.wsgi_app
 
@@ -179,14 +197,14 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         if verb is None or environ.get("REQUEST_METHOD") != "POST":
             return flask_wsgi(environ, start_response)
         try:
-            code, body = answer(verb, environ)
+            code, body, account = answer(verb, environ)
         except WouldBlock:
             raise  # the worker runs it again on a thread that may block (see worker.Connection.dispatch)
         except Exception:  # a fault of ours; the worker lives on
             log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
-            code, body = 500, INTERNAL
+            code, body, account = 500, INTERNAL, None
         start_response(STATUS[code], [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-        return [body]
+        return Answered(body, account) if account is not None else [body]
 
     app.wsgi_app = wsgi_app
 

@@ -756,9 +756,12 @@ class Connection(asyncio.Protocol):
                 return
         threads.submit(self, self.site.app, env)
 
-    def respond(self, status: str, headers: list[tuple[str, str]], body: bytes):
-        """Called on the loop with the app's answer: written, then the next request (or a close)."""
+    def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
+                close: Callable[[], object] | None = None):
+        """Called on the loop with the app's answer: written, then the result closed (an inline answer's),
+        then the next request (or a close of the connection)."""
         if self.state == CLOSED:
+            _closed(close, self.site.worker.log)
             return
         keep = self.keep_alive and self.site.worker.alive
         try:
@@ -767,6 +770,7 @@ class Connection(asyncio.Protocol):
             self.site.worker.log.error("the application's answer cannot be sent: %s", e)
             head, body, keep = _head("500 Internal Server Error", _JSON, len(_INTERNAL), False), _INTERNAL, False
         self._send(head + body if body and self.request.method != b"HEAD" else head)
+        _closed(close, self.site.worker.log)
         self.served += 1
         self.busy_since = 0.0
         self.idle_since = self.loop.time()
@@ -867,17 +871,22 @@ class AppThreads:
         get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
         while (item := get()) is not None:
             conn, app, environ = item
-            status, headers, body = self._call(app, environ)
+            status, headers, body, close = self._call(app, environ)
             try:
                 call_soon(conn.respond, status, headers, body)
             except RuntimeError:  # the loop is closed: the worker is exiting
                 return
+            finally:
+                _closed(close, self.log)  # while the loop writes the answer
 
-    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> tuple[str, list, bytes]:
+    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
         """Run the app on the caller's thread; `passthrough` exceptions reach the caller."""
         return self._call(app, environ, passthrough)
 
-    def _call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> tuple[str, list, bytes]:
+    def _call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
+        """(status, headers, body, close): the result's `close` (PEP 3333: called once the request is complete)
+        is handed back, to be called after the answer is written, so the app's after-work (metrics, the log
+        line) is not on the client's clock."""
         started: list = []
         written: list[bytes] = []
 
@@ -889,21 +898,33 @@ class AppThreads:
 
         try:
             result = app(environ, start_response)
+            close = getattr(result, "close", None)
             try:
                 body = b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
+            except BaseException:
+                _closed(close, self.log)
+                raise
             if written:
                 body = b"".join(written) + body
-            return started[0], started[1], body
+            return started[0], started[1], body, close
         except passthrough:
             raise
         except Exception:
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
             return ("500 Internal Server Error", [("Content-Type", "application/json")],
-                    _error_body(500, "internal error"))
+                    _error_body(500, "internal error"), None)
+
+
+Answer = tuple  # (status, headers, body, close or None)
+
+
+def _closed(close: Callable[[], object] | None, log) -> None:
+    """Call a WSGI result's close(); its faults are logged, never raised into the loop or a thread."""
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            log.exception("Error closing a response")
 
 
 _BARE_LF = re.compile(rb"(?<!\r)\n")

@@ -1,0 +1,92 @@
+"""The worker calls a WSGI result's close() (PEP 3333) once the answer is written, not before: the
+webhook's accounting (metrics, the review's log line) runs there, off the API server's clock.
+
+The app's close() waits for a file the client writes only after it has read the answer; had close()
+run before the answer was written, the answer would arrive only after close() gave up waiting, and
+close() leaves a mark when it gives up. No timing is asserted: only which happened first.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import sys
+from pathlib import Path
+
+import pytest
+
+from webhook import certs
+from webhook.worker import INLINE_LIMIT
+from tests.process import ROOT, free_port, stop, wait_https
+from tests.server.test_serve import read_response, tls_socket
+
+APP = r'''
+import sys, time
+from pathlib import Path
+from webhook import certs
+from webhook.server import gunicorn_application
+
+released, gave_up, closed = (Path(sys.argv[3]) / n for n in ("released", "gave-up", "closed"))
+
+
+class Result(list):
+    def close(self):
+        deadline = time.monotonic() + 20
+        while not released.exists():
+            if time.monotonic() > deadline:
+                gave_up.touch()
+                break
+            time.sleep(0.01)
+        closed.touch()
+
+
+def create_app():
+    def app(environ, start_response):
+        environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return Result([b'{"ok":true}'])
+    return app
+
+
+d = sys.argv[2]
+gunicorn_application(create_app, bind=sys.argv[1], workers=1, certfile=d + "/tls.crt", keyfile=d + "/tls.key",
+                     tls=certs.ReloadingContext(d + "/tls.crt", d + "/tls.key")).run()
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("after-send")
+    certs.write_dev_pair(tmp / "certs", ["localhost", "127.0.0.1"])
+    (tmp / "app.py").write_text(APP)
+    port, log = free_port(), tmp / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"), str(tmp)],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    base, ca = f"https://127.0.0.1:{port}", str(tmp / "certs" / "ca.crt")
+    (tmp / "released").touch()  # the readiness probe's own close() must not wait
+    try:
+        wait_https(base + "/", ca, proc, log)
+        yield base, ca, tmp
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("size", [100, INLINE_LIMIT + 1], ids=["answered-on-the-loop", "answered-on-a-thread"])
+def test_close_runs_after_the_answer_is_written(server, size):
+    base, ca, tmp = server
+    for name in ("released", "gave-up", "closed"):
+        (tmp / name).unlink(missing_ok=True)
+    body = b"x" * size
+    with tls_socket(base, ca) as sock:
+        sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        code, _, answer = read_response(sock, bytearray())
+        assert (code, answer) == (200, b'{"ok":true}')
+        assert not (tmp / "gave-up").exists(), "close() ran (and gave up waiting) before the answer was written"
+        (tmp / "released").touch()
+        deadline = time.monotonic() + 30
+        while not (tmp / "closed").exists():  # close() is still called
+            assert time.monotonic() < deadline, "close() was never called"
+            time.sleep(0.01)
+    assert not (tmp / "gave-up").exists()
