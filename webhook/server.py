@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_content_length
@@ -36,7 +38,28 @@ DEV_BIND = "127.0.0.1:8443"
 
 
 def _dumps(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    """Compact JSON. orjson where it can (a review's encode and decode are a fifth of its CPU with the
+    standard library); the standard library for what orjson refuses (lone surrogates, integers past
+    64 bits), so what is accepted and what is written stay the standard library's JSON values."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+_LONG_DIGITS = re.compile(rb"\d{19}")  # orjson reads an integer past 64 bits as a float: such bodies skip it
+
+
+def _loads(body: bytes):
+    """A request body as the standard library's json.loads reads it (and refuses it, with its message):
+    orjson first; what orjson refuses (NaN, lone surrogates, nesting past 1024, or no JSON at all) or would
+    read differently (19 digits or more in a row) goes to the standard library, which decides."""
+    if _LONG_DIGITS.search(body) is None:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(body)
 
 
 def _json(body: dict, code: int) -> Response:
@@ -155,7 +178,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
             _drain(stream)
             return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
         try:
-            doc = json.loads(body)
+            doc = _loads(body)
         except (ValueError, RecursionError) as e:
             return 400, _error_body(400, f"the body is not JSON: {str(e)[:200]}"), None
         try:
