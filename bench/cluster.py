@@ -8,7 +8,9 @@ each concurrency it creates N suspended TrainJobs through the API server with th
 webhook the mean of `apiserver_admission_webhook_admission_duration_seconds` (the histogram's sum/count
 delta: exact, where its buckets are not) with the share under each bucket bound, and the ratios ours
 / Trainer's. Each create is also timed on the client. The same run measures the create latency with
-our webhooks unregistered (the cost a user pays for them), the webhook's resident memory per worker,
+our webhooks unregistered (the cost a user pays for them), and, with ours unregistered, the floors a
+webhook that does no work sits on (a Go one, a Python one on our worker, and the Go one answering with
+our patch: what applying it costs the API server), the webhook's resident memory per worker,
 and the time from `serve` to ready with 1, 1,000 and 10,000 runtimes in the API server (right after
 they are created, and again once the control plane has settled).
 """
@@ -16,11 +18,13 @@ they are created, and again once the control plane has settled).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import copy
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +117,76 @@ def worker_rss_mib(pid: int) -> list[float]:
     return out
 
 
+FLOOR_HOOKS = {"go": "go.floor.bench.example", "python": "python.floor.bench.example",
+               "go-patch": "go-patch.floor.bench.example"}
+
+
+def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int) -> list[str]:
+    """What a webhook costs the API server when it does nothing: a Go one served as Trainer's are
+    (bench/nullwebhook), bench/baseline.py on our worker and TLS, and the Go one answering with the patch
+    our webhook computes for these TrainJobs (what applying that patch costs the API server). Registered
+    after Trainer's configuration, the patching one last, so the others see the TrainJob as sent."""
+    from webhook import certs
+    from webhook.core.admission import Admission, MUTATE
+    from webhook.files import load_runtimes, load_settings
+    from tests.helpers import review
+    from tests.process import free_port, wait_https
+
+    cert_dir = tmp / "floor-certs"
+    certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
+    binary = tmp / "nullwebhook"
+    toolchain._go(["build", "-o", str(binary), "."], ROOT / "bench" / "nullwebhook")
+    stock = toolchain.trainer_module() / "manifests" / "base" / "runtimes" / "torch_distributed.yaml"
+    ours = Admission(load_settings(str(EXAMPLES / "settings" / "route1.json")), load_runtimes([str(stock)]))
+    answer = ours.review(review(trainjob(name="floor", namespace=NS, suspend=True)), MUTATE)[0]["response"]
+    (tmp / "our-patch.json").write_bytes(base64.b64decode(answer["patch"]))
+
+    urls = {}
+    for name in FLOOR_HOOKS:
+        port, log = free_port(), tmp / f"floor-{name}.log"
+        tls = ["--cert", str(cert_dir / "tls.crt"), "--key", str(cert_dir / "tls.key")]
+        cmd = ([str(binary), "--bind", f"127.0.0.1:{port}", *tls] if name == "go" else
+               [str(binary), "--bind", f"127.0.0.1:{port}", *tls, "--patch", str(tmp / "our-patch.json")]
+               if name == "go-patch" else
+               [sys.executable, str(ROOT / "bench" / "baseline.py"), "--bind", f"127.0.0.1:{port}",
+                "--cert-dir", str(cert_dir)])
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        stack.callback(stop, proc)
+        urls[name] = f"https://127.0.0.1:{port}/mutate"
+        wait_https(f"https://127.0.0.1:{port}/healthz", str(cert_dir / "ca.crt"), proc, log)
+    bundle = base64.b64encode((cert_dir / "ca.crt").read_bytes()).decode()
+    rules = [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
+              "operations": ["CREATE", "UPDATE"], "scope": "*"}]
+    config = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+              "metadata": {"name": "zz-bench-floor"},
+              "webhooks": [{"name": FLOOR_HOOKS[name], "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                            "timeoutSeconds": 10, "failurePolicy": "Fail", "rules": rules,
+                            "clientConfig": {"url": urls[name], "caBundle": bundle}} for name in FLOOR_HOOKS]}
+    cluster.apply(config)
+    try:
+        create_many(custom, "warm-floor", 50, 4)
+        before = histograms(cluster)
+        create_many(custom, "floor", n, 1)
+        after = histograms(cluster)
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", "zz-bench-floor")
+    labels = {TRAINERS["mutate"]: "Trainer's defaulter (in this phase)",
+              FLOOR_HOOKS["go"]: "Go, no work, no patch (bench/nullwebhook)",
+              FLOOR_HOOKS["python"]: "Python on our worker and TLS, no work, no patch (bench/baseline.py)",
+              FLOOR_HOOKS["go-patch"]: "Go, no work, answering our patch"}
+    rows, means = [], {}
+    for hook, label in labels.items():
+        d = delta(before, after, hook)
+        means[hook] = d["mean_ms"]
+        rows.append(f"| {label} | {d['count']:.0f} | {d['mean_ms']:.2f} | {d['under'].get('0.005', 0):.0%} |")
+    go = means[FLOOR_HOOKS["go"]]
+    rows += ["", f"Applying our patch costs the API server {means[FLOOR_HOOKS['go-patch']] - go:+.2f} ms a call; "
+             f"our worker and TLS with no work cost {means[FLOOR_HOOKS['python']] - go:+.2f} ms over Go's; "
+             f"Trainer's defaulter sits {means[TRAINERS['mutate']] - go:+.2f} ms over the Go floor."]
+    return rows
+
+
 SETTLE = 15.0  # seconds left to the control plane after creating runtimes, for the settled measurement
 
 
@@ -181,6 +255,7 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
         with webhooks_swapped(cluster, hooks, None):
             create_many(custom, "warm-bare", 50, 4)
             bare = {level: create_many(custom, f"bare{level}", n, level) for level in levels}
+            floor_rows = floors(stack, cluster, tmp, custom, n)
         out += ["", "## 2. Create latency on the client, with our webhooks registered and without them", "",
                 "| concurrency | with: p50 ms | p99 ms | without: p50 ms | p99 ms | added at p50 ms |",
                 "|---:|---:|---:|---:|---:|---:|"]
@@ -190,6 +265,9 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
                        f"{pct(bare[level], 99):.1f} | {with_p50 - bare_p50:+.1f} |")
         out += ["", f"Resident memory of our route-1 webhook's workers after the run: "
                 f"{', '.join(f'{r:.0f} MiB' for r in worker_rss_mib(hooks[0].proc.pid))}."]
+
+        out += ["", "## 2b. Floors: webhooks that do no work, at concurrency 1 (ours unregistered)", "",
+                "| webhook | admissions | mean ms | ≤5 ms |", "|---|---:|---:|---:|"] + floor_rows
 
         out += ["", "## 3. From `serve` to ready, by runtimes in the API server", "",
                 f"(at once: started right after the runtimes were created; settled: {SETTLE:.0f} s later)", "",

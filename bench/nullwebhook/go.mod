@@ -1,0 +1,3 @@
+module dispatch-admission/bench/nullwebhook
+
+go 1.22
