@@ -62,6 +62,7 @@ ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
 
 WSGIApp = Callable[[dict, Callable], Any]
+Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers, body, the result's close()
 
 
 @dataclass(frozen=True)
@@ -896,26 +897,22 @@ class AppThreads:
             started[:] = [status, headers]
             return written.append
 
+        close = None
         try:
             result = app(environ, start_response)
             close = getattr(result, "close", None)
-            try:
-                body = b"".join(result)
-            except BaseException:
-                _closed(close, self.log)
-                raise
+            body = b"".join(result)
             if written:
                 body = b"".join(written) + body
             return started[0], started[1], body, close
         except passthrough:
+            _closed(close, self.log)
             raise
         except Exception:
+            _closed(close, self.log)
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
             return ("500 Internal Server Error", [("Content-Type", "application/json")],
                     _error_body(500, "internal error"), None)
-
-
-Answer = tuple  # (status, headers, body, close or None)
 
 
 def _closed(close: Callable[[], object] | None, log) -> None:
