@@ -52,8 +52,11 @@ _LONG_DIGITS = re.compile(rb"\d{19}")  # orjson reads an integer past 64 bits as
 
 def _loads(body: bytes):
     """A request body as the standard library's json.loads reads it (and refuses it, with its message):
-    orjson first; what orjson refuses (NaN, lone surrogates, nesting past 1024, or no JSON at all) or would
-    read differently (19 digits or more in a row) goes to the standard library, which decides."""
+    orjson first; what orjson refuses (NaN, lone surrogates, nesting past 1,024, or no JSON at all) or would
+    read differently (19 digits or more in a row) goes to the standard library, which decides. One
+    difference remains: nesting between the standard library's limit (a little under 1,000 levels, less
+    the caller's stack) and orjson's 1,024 is read, and the rules judge it (a structure they must walk
+    that deep is refused as nested too deeply; tests/server/test_hostile.py)."""
     if _LONG_DIGITS.search(body) is None:
         try:
             return orjson.loads(body)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
 from webhook.core import patch
-from tests.bypass import cases
+from tests.bypass import cases, mount_patch
 from tests.unit.test_bypass import publish_mounts
 from tests.helpers import CREDS, EXAMPLES, ROUTE1, admission, mutated, review, trainjob
 from tests.process import webhook_server
@@ -65,6 +65,28 @@ def check_answer(doc, r):
     if not resp["allowed"]:
         assert resp["status"]["code"] in (403, 404, 422, 503) and resp["status"]["message"]
     return resp
+
+
+# ---- nesting the standard library cannot read and orjson can ----
+
+
+@pytest.mark.parametrize("depth", [995, 1005, 1015, 1030])
+def test_deep_nesting_past_the_standard_librarys_limit_hides_no_mount(server, depth):
+    """orjson reads 1,024 levels, json.loads a little under 1,000: bodies in between now reach the rules.
+    A mount at /opt/dispatch beside such a structure is still refused by S2 (or the structure as nested too
+    deeply), never admitted and never a 5xx; past 1,024 the body is refused as not JSON (400)."""
+    c = Client(server)
+    job = trainjob(patches=[mutated(CORE, trainjob())["spec"]["runtimePatches"][0], mount_patch("/opt/dispatch")])
+    job["spec"]["trainer"] = {"resourcesPerNode": {"claims": ["@@DEEP@@"]}}
+    doc = review(job)
+    body = json.dumps(doc).replace('"@@DEEP@@"', "[" * depth + "1" + "]" * depth)
+    for path in ("/validate", "/mutate"):
+        resp = check_answer(doc, c.post(path, body))
+        if depth < 1024 - 8:  # the review's own levels above the claims list
+            assert resp is not None and not resp["allowed"], f"{path} at depth {depth}"
+            assert re.search(r"reserved for the publish mount|nested too deeply", resp["status"]["message"]), resp["status"]
+        else:
+            assert resp is None
 
 
 # ---- the bypass catalogue, over HTTPS ----
