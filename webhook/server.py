@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,11 @@ def _dumps(body: dict) -> bytes:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-_LONG_DIGITS = re.compile(rb"\d{19}")  # orjson reads an integer past 64 bits as a float: such bodies skip it
+# orjson reads an integer past 64 bits as a float: a body with 19 digits in a row skips it. Found by
+# mapping every digit to "0" and everything else to " " (bytes.translate and a substring search run at
+# memory speed: a regex took 10 times longer, 22 µs on a 2 KB review and 0.1-0.2 s on a 7 MiB body).
+_DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_NUMBER = b"0" * 19
 
 
 def _loads(body: bytes):
@@ -57,7 +60,7 @@ def _loads(body: bytes):
     difference remains: nesting between the standard library's limit (a little under 1,000 levels, less
     the caller's stack) and orjson's 1,024 is read, and the rules judge it (a structure they must walk
     that deep is refused as nested too deeply; tests/server/test_hostile.py)."""
-    if _LONG_DIGITS.search(body) is None:
+    if _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -188,6 +191,8 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
             response, outcome = admission.review(doc, verb)
         except BadReview as e:
             return 400, _error_body(400, f"not an AdmissionReview v1: {e}"), None
+        except RecursionError:  # the envelope itself nested too deeply (the core judges a deep object)
+            return 400, _error_body(400, "not an AdmissionReview v1: nested too deeply"), None
         out = _dumps(response)
         elapsed = time.perf_counter() - started
 

@@ -759,19 +759,21 @@ class Connection(asyncio.Protocol):
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
                 close: Callable[[], object] | None = None):
-        """Called on the loop with the app's answer: written, then the result closed (an inline answer's),
-        then the next request (or a close of the connection)."""
+        """Called on the loop with the app's answer: written, then the app's result closed, then the next
+        request (or a close of the connection)."""
         if self.state == CLOSED:
             _closed(close, self.site.worker.log)
             return
         keep = self.keep_alive and self.site.worker.alive
         try:
-            head = _head(status, headers, len(body), keep)
-        except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
-            self.site.worker.log.error("the application's answer cannot be sent: %s", e)
-            head, body, keep = _head("500 Internal Server Error", _JSON, len(_INTERNAL), False), _INTERNAL, False
-        self._send(head + body if body and self.request.method != b"HEAD" else head)
-        _closed(close, self.site.worker.log)
+            try:
+                head = _head(status, headers, len(body), keep)
+            except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
+                self.site.worker.log.error("the application's answer cannot be sent: %s", e)
+                head, body, keep = _head("500 Internal Server Error", _JSON, len(_INTERNAL), False), _INTERNAL, False
+            self._send(head + body if body and self.request.method != b"HEAD" else head)
+        finally:
+            _closed(close, self.site.worker.log)
         self.served += 1
         self.busy_since = 0.0
         self.idle_since = self.loop.time()
@@ -874,11 +876,10 @@ class AppThreads:
             conn, app, environ = item
             status, headers, body, close = self._call(app, environ)
             try:
-                call_soon(conn.respond, status, headers, body)
+                call_soon(conn.respond, status, headers, body, close)  # closed on the loop, once written
             except RuntimeError:  # the loop is closed: the worker is exiting
+                _closed(close, self.log)
                 return
-            finally:
-                _closed(close, self.log)  # while the loop writes the answer
 
     def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
         """Run the app on the caller's thread; `passthrough` exceptions reach the caller."""
@@ -886,8 +887,8 @@ class AppThreads:
 
     def _call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
         """(status, headers, body, close): the result's `close` (PEP 3333: called once the request is complete)
-        is handed back, to be called after the answer is written, so the app's after-work (metrics, the log
-        line) is not on the client's clock."""
+        is handed back, to be called on the loop after the answer is written, so the app's after-work
+        (metrics, the log line) is not on the client's clock."""
         started: list = []
         written: list[bytes] = []
 

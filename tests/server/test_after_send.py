@@ -1,5 +1,6 @@
-"""The worker calls a WSGI result's close() (PEP 3333) once the answer is written, not before: the
-webhook's accounting (metrics, the review's log line) runs there, off the API server's clock.
+"""The worker calls a WSGI result's close() (PEP 3333) once the answer is written, not before, on its
+event loop (for an answer made on an app thread too): the webhook's accounting (metrics, the review's
+log line) runs there, off the API server's clock.
 
 The app's close() waits for a file the client writes only after it has read the answer; had close()
 run before the answer was written, the answer would arrive only after close() gave up waiting, and
@@ -20,7 +21,7 @@ from tests.process import ROOT, free_port, stop, wait_https
 from tests.server.test_serve import read_response, tls_socket
 
 APP = r'''
-import sys, time
+import sys, threading, time
 from pathlib import Path
 from webhook import certs
 from webhook.server import gunicorn_application
@@ -30,13 +31,14 @@ released, gave_up, closed = (Path(sys.argv[3]) / n for n in ("released", "gave-u
 
 class Result(list):
     def close(self):
+        on = threading.current_thread().name  # the worker's loop runs on its main thread
         deadline = time.monotonic() + 20
         while not released.exists():
             if time.monotonic() > deadline:
                 gave_up.touch()
                 break
             time.sleep(0.01)
-        closed.touch()
+        closed.write_text(on)
 
 
 def create_app():
@@ -85,7 +87,9 @@ def test_close_runs_after_the_answer_is_written(server, size):
         assert not (tmp / "gave-up").exists(), "close() ran (and gave up waiting) before the answer was written"
         (tmp / "released").touch()
         deadline = time.monotonic() + 30
-        while not (tmp / "closed").exists():  # close() is still called
+        while not (tmp / "closed").exists() or not (tmp / "closed").read_text():  # close() is still called
             assert time.monotonic() < deadline, "close() was never called"
             time.sleep(0.01)
     assert not (tmp / "gave-up").exists()
+    # on the loop, after the answer was written there: not on an app thread, racing the loop's write
+    assert (tmp / "closed").read_text() == "MainThread"

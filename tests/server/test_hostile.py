@@ -89,6 +89,25 @@ def test_deep_nesting_past_the_standard_librarys_limit_hides_no_mount(server, de
             assert resp is None
 
 
+@pytest.mark.parametrize("path", ["/mutate", "/validate", "/runtimes"])
+def test_an_envelope_nested_past_the_standard_librarys_limit_is_a_400(server, path):
+    """A field of the envelope the webhook prints (apiVersion, operation, and the request's name where the
+    object has none) nested 1,005 deep: a broken request (400), as when the standard library could not
+    read it, never a 500."""
+    c = Client(server)
+    doc = review(trainjob())
+    for field in ("apiVersion", "operation", "name"):
+        broken = json.loads(json.dumps(doc))
+        (broken if field == "apiVersion" else broken["request"])[field] = "@@DEEP@@"
+        broken["request"]["object"]["metadata"].pop("name", None)
+        body = json.dumps(broken).replace('"@@DEEP@@"', "[" * 1005 + "]" * 1005)
+        r = c.post(path, body)
+        if field == "name" and path == "/runtimes":  # a TrainJob is no runtime: its name is never printed
+            assert r.status_code == 200, r.text[:200]
+            continue
+        assert r.status_code == 400 and r.json()["code"] == 400, (field, r.status_code, r.text[:200])
+
+
 # ---- the bypass catalogue, over HTTPS ----
 
 CATALOGUE = cases(lambda job: mutated(CORE, job))

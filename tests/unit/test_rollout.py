@@ -11,7 +11,7 @@ from webhook.audit import Report
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.audit import Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, ops_of, pod_patch, review,
+from tests.helpers import (CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, pod_patch, review,
                            runtime, settings, stock_runtimes, trainjob)
 from tests.unit.test_hardening import Faulty
 
