@@ -431,8 +431,19 @@ def test_spec_6_3_running_pre_webhook_job_can_be_suspended_and_gets_the_entry_on
                     check=False)
     assert got.returncode == 0, f"suspending the running pre-webhook job was refused:\n{got.stderr}"
     assert entry(c.get("trainjob", "pre-webhook", NS)) is None, "no entry is added to the update that suspends"
-    got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}',
-                    check=False)
+    # Trainer's validator refuses a runtimePatches change (the entry the resume gets) while its cached JobSet
+    # still counts an active node job: the suspend takes effect through JobSet and the Job controller, so
+    # resume once that count is 0, as a user (or Kueue) must; its cache may lag the API by a moment.
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        status = c.get("jobset", "pre-webhook", NS).get("status", {})
+        if all(rj.get("active", 0) == 0 for rj in status.get("replicatedJobsStatus", [])):
+            got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p",
+                            '{"spec": {"suspend": false}}', check=False)
+            if got.returncode == 0 or "is still active" not in got.stderr:
+                break
+        assert time.monotonic() < deadline, f"the suspended JobSet still counts active jobs: {status}"
+        time.sleep(1)
     assert got.returncode == 0, got.stderr
     assert entry(c.get("trainjob", "pre-webhook", NS)) is not None, "the resume (old object suspended) gets the entry"
 
