@@ -40,7 +40,7 @@ import yaml  # noqa: E402
 from tests.e2e import toolchain  # noqa: E402
 from tests.e2e.conftest import start_cluster, start_our_webhooks, webhooks_swapped  # noqa: E402
 from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks  # noqa: E402
-from tests.helpers import EXAMPLES, trainjob  # noqa: E402
+from tests.helpers import EXAMPLES, review, trainjob  # noqa: E402
 from tests.process import stop, webhook_server  # noqa: E402
 
 NS = "bench"
@@ -129,7 +129,6 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int) -> l
     from webhook import certs
     from webhook.core.admission import Admission, MUTATE
     from webhook.files import load_runtimes, load_settings
-    from tests.helpers import review
     from tests.process import free_port, wait_https
 
     cert_dir = tmp / "floor-certs"
@@ -141,15 +140,13 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int) -> l
     answer = ours.review(review(trainjob(name="floor", namespace=NS, suspend=True)), MUTATE)[0]["response"]
     (tmp / "our-patch.json").write_bytes(base64.b64decode(answer["patch"]))
 
+    go = [str(binary), "--cert", str(cert_dir / "tls.crt"), "--key", str(cert_dir / "tls.key")]
+    commands = {"go": go, "python": [sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir)],
+                "go-patch": go + ["--patch", str(tmp / "our-patch.json")]}
     urls = {}
     for name in FLOOR_HOOKS:
         port, log = free_port(), tmp / f"floor-{name}.log"
-        tls = ["--cert", str(cert_dir / "tls.crt"), "--key", str(cert_dir / "tls.key")]
-        cmd = ([str(binary), "--bind", f"127.0.0.1:{port}", *tls] if name == "go" else
-               [str(binary), "--bind", f"127.0.0.1:{port}", *tls, "--patch", str(tmp / "our-patch.json")]
-               if name == "go-patch" else
-               [sys.executable, str(ROOT / "bench" / "baseline.py"), "--bind", f"127.0.0.1:{port}",
-                "--cert-dir", str(cert_dir)])
+        cmd = commands[name] + ["--bind", f"127.0.0.1:{port}"]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         stack.callback(stop, proc)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from webhook.core.patch import _json_equal
 from webhook.server import _dumps, _loads
-from tests.helpers import review, trainjob
+from tests.helpers import admission, review, trainjob
 from tests.strategies import trainjobs
 
 INT64 = 2 ** 63
@@ -47,8 +47,6 @@ def test_encoding_reads_back_as_the_same_value(value):
 
 @given(trainjobs())
 def test_reviews_and_their_answers_agree_with_the_standard_library(obj):
-    from tests.helpers import admission
-
     doc = review(obj)
     body = json.dumps(doc).encode()
     assert strictly_equal(_loads(body), json.loads(body))
