@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -40,12 +41,21 @@ class TrainerEnv:
     tmp: Path
 
 
+# Trainer's kustomize base patches its generated webhook configurations (names, object selectors)
+TRAINER_PATCHES = {"MutatingWebhookConfiguration": "patch_mutating.yaml",
+                   "ValidatingWebhookConfiguration": "patch_validating.yaml"}
+
+
 def _trainer_webhooks(port: int, ca_pem: bytes) -> list[dict]:
-    """Trainer's own webhook configurations from its module, pointed at its loopback webhook server."""
-    manifest = toolchain.trainer_module() / "manifests" / "base" / "webhook" / "manifests.yaml"
-    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    """Trainer's own webhook configurations from its module as its kustomize base deploys them (its JSON6902
+    patches applied), pointed at its loopback webhook server. The names matter: the API server calls mutating
+    configurations in the order of their names, and Trainer's, `defaulter.trainer.kubeflow.org` (the name its
+    Helm chart and its certificate rotator use too), sorts before ours, so its defaulter runs first, as in a
+    cluster."""
+    base = toolchain.trainer_module() / "manifests" / "base" / "webhook"
+    docs = [jsonpatch.apply_patch(d, yaml.safe_load((base / TRAINER_PATCHES[d["kind"]]).read_text()))
+            for d in yaml.safe_load_all((base / "manifests.yaml").read_text()) if d]
     for d in docs:
-        d["metadata"]["name"] = "trainer-" + d["metadata"]["name"]
         for w in d["webhooks"]:
             path = w["clientConfig"]["service"]["path"]
             w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
