@@ -5,6 +5,10 @@ log line) runs there, off the API server's clock.
 The app's close() waits for a file the client writes only after it has read the answer; had close()
 run before the answer was written, the answer would arrive only after close() gave up waiting, and
 close() leaves a mark when it gives up. No timing is asserted: only which happened first.
+
+Each request names its own marks (the X-Mark header): only a request that names one waits, so no other
+request (a readiness probe the client gave up on, still answered late under load) can block the loop
+or leave a mark another test reads.
 """
 
 from __future__ import annotations
@@ -26,11 +30,16 @@ from pathlib import Path
 from webhook import certs
 from webhook.server import gunicorn_application
 
-released, gave_up, closed = (Path(sys.argv[3]) / n for n in ("released", "gave-up", "closed"))
+MARKS = Path(sys.argv[3])
 
 
 class Result(list):
+    mark = None
+
     def close(self):
+        if self.mark is None:  # not a test's request: nothing to wait for
+            return
+        released, gave_up, closed = (MARKS / f"{n}-{self.mark}" for n in ("released", "gave-up", "closed"))
         on = threading.current_thread().name  # the worker's loop runs on its main thread
         deadline = time.monotonic() + 20
         while not released.exists():
@@ -45,7 +54,10 @@ def create_app():
     def app(environ, start_response):
         environ["wsgi.input"].read()
         start_response("200 OK", [("Content-Type", "application/json")])
-        return Result([b'{"ok":true}'])
+        result = Result([b'{"ok":true}'])
+        mark = environ.get("HTTP_X_MARK", "")
+        result.mark = mark if mark.isalnum() else None
+        return result
     return app
 
 
@@ -65,7 +77,6 @@ def server(tmp_path_factory):
         proc = subprocess.Popen([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"), str(tmp)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base, ca = f"https://127.0.0.1:{port}", str(tmp / "certs" / "ca.crt")
-    (tmp / "released").touch()  # the readiness probe's own close() must not wait
     try:
         wait_https(base + "/", ca, proc, log)
         yield base, ca, tmp
@@ -76,20 +87,20 @@ def server(tmp_path_factory):
 @pytest.mark.parametrize("size", [100, INLINE_LIMIT + 1], ids=["answered-on-the-loop", "answered-on-a-thread"])
 def test_close_runs_after_the_answer_is_written(server, size):
     base, ca, tmp = server
-    for name in ("released", "gave-up", "closed"):
-        (tmp / name).unlink(missing_ok=True)
+    mark = f"size{size}"
+    released, gave_up, closed = (tmp / f"{n}-{mark}" for n in ("released", "gave-up", "closed"))
     body = b"x" * size
     with tls_socket(base, ca) as sock:
         sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                     b"X-Mark: %s\r\nContent-Length: %d\r\n\r\n" % (mark.encode(), len(body)) + body)
         code, _, answer = read_response(sock, bytearray())
         assert (code, answer) == (200, b'{"ok":true}')
-        assert not (tmp / "gave-up").exists(), "close() ran (and gave up waiting) before the answer was written"
-        (tmp / "released").touch()
+        assert not gave_up.exists(), "close() ran (and gave up waiting) before the answer was written"
+        released.touch()
         deadline = time.monotonic() + 30
-        while not (tmp / "closed").exists() or not (tmp / "closed").read_text():  # close() is still called
+        while not closed.exists() or not closed.read_text():  # close() is still called
             assert time.monotonic() < deadline, "close() was never called"
             time.sleep(0.01)
-    assert not (tmp / "gave-up").exists()
+    assert not gave_up.exists()
     # on the loop, after the answer was written there: not on an app thread, racing the loop's write
-    assert (tmp / "closed").read_text() == "MainThread"
+    assert closed.read_text() == "MainThread"
