@@ -44,7 +44,7 @@ def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_for
     read = []
     cluster._live_read = lambda *key: read.append(key)
     with NoBlocking():
-        assert cluster.get("ClusterTrainingRuntime", "", "known")["metadata"]["name"] == "known"
+        assert cluster.get("ClusterTrainingRuntime", "", "known").name == "known"
         with pytest.raises(WouldBlock):
             cluster.get("ClusterTrainingRuntime", "", "unknown")
     assert read == []

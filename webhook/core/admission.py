@@ -29,7 +29,7 @@ from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, 
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review
 from .rules import Own, RuntimeFacts
-from .runtimes import GROUP, KINDS, RuntimeSource, RuntimeUnavailable, WouldBlock
+from .runtimes import GROUP, KINDS, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
@@ -358,19 +358,26 @@ def _guarded(reasons: Reasons, check: Callable, *args):
 
 
 class _Live(NamedTuple):
-    """The settings a review is decided with, and what follows from them; replaced whole on a switch, so a
-    review reads one consistent set (SPEC 2.1)."""
+    """The settings a review is decided with; replaced whole on a switch, so a review reads one consistent
+    set (SPEC 2.1)."""
 
     settings: Settings
     previous: Settings | None          # the settings switched away from, while their grace lasts
     previous_until: float              # monotonic time the grace ends
-    facts: dict                        # id(runtime) -> (runtime, facts, entry, previous entry)
+
+
+class Decided(NamedTuple):
+    """What the rules decide of one runtime for one set of settings, kept with the runtime."""
+
+    facts: RuntimeFacts
+    entry: Entry | None                # what the settings produce for it
+    previous: Entry | None             # ... and the previous settings
 
 
 class _Lookup(NamedTuple):
     """One runtime read, shared by the new and the old object of an UPDATE."""
 
-    runtime: dict | None
+    runtime: Runtime | None
     reasons: tuple[Reason, ...]        # ErrUnavailable, R2
 
 
@@ -382,8 +389,6 @@ class Admission:
     that mutated may have seen a settings change first (SPEC 2.1).
     """
 
-    FACTS_LIMIT = 4096
-
     def __init__(self, settings: Settings, runtimes: RuntimeSource,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  enforcement: Enforcement = Enforcement.ENFORCE,
@@ -394,7 +399,7 @@ class Admission:
         self.enforcement = Enforcement(enforcement)
         self.refresh = refresh
         self.monotonic = monotonic
-        self._live = _Live(settings, None, 0.0, {})
+        self._live = _Live(settings, None, 0.0)
 
     @property
     def settings(self) -> Settings:
@@ -406,30 +411,27 @@ class Admission:
         live = self._live
         if settings == live.settings:
             return False
-        self._live = _Live(settings, live.settings, self.monotonic() + PREVIOUS_SETTINGS_GRACE, {})
+        self._live = _Live(settings, live.settings, self.monotonic() + PREVIOUS_SETTINGS_GRACE)
         return True
 
-    # ---- per-runtime facts, worked out once per runtime object and settings ----
+    # ---- per-runtime facts, worked out once per runtime and settings, and kept with it ----
 
-    def facts(self, runtime: dict) -> tuple[RuntimeFacts, Entry | None]:
-        found = self._facts(self._live, runtime)
-        return found[1], found[2]
+    def facts(self, runtime: Runtime | dict) -> tuple[RuntimeFacts, Entry | None]:
+        decided = self._decided(self._live, Runtime.of(runtime))
+        return decided.facts, decided.entry
 
-    def _facts(self, live: _Live, runtime: dict) -> tuple:
-        # id(runtime object) -> (the object, its facts, its entry, the previous settings' entry). A runtime
-        # the watch replaces is a new object, so nothing goes stale; the object is kept to pin its id.
-        cached = live.facts.get(id(runtime))
-        if cached is None or cached[0] is not runtime:
-            settings = live.settings
-            facts = rules.runtime_facts(runtime, settings)
-            entry = Entry.build(settings, facts.targets) if settings.configured and facts.targets else None
-            prev = live.previous
-            previous = Entry.build(prev, facts.targets) if prev is not None and prev.configured and facts.targets \
-                else None
-            if len(live.facts) >= self.FACTS_LIMIT:
-                live.facts.clear()
-            cached = live.facts[id(runtime)] = (runtime, facts, entry, previous)
-        return cached
+    @staticmethod
+    def _decided(live: _Live, runtime: Runtime) -> Decided:
+        memo = runtime.memo[0]  # one read: another thread may replace it, never half of it
+        if memo is not None and memo[0] is live.settings and memo[1] is live.previous:
+            return memo[2]
+        settings, prev = live.settings, live.previous
+        facts = rules.runtime_facts(runtime, settings)
+        targets = facts.targets
+        decided = Decided(facts, Entry.build(settings, targets) if settings.configured and targets else None,
+                          Entry.build(prev, targets) if prev is not None and prev.configured and targets else None)
+        runtime.memo[0] = (settings, prev, decided)
+        return decided
 
     # ---- reviews ----
 
@@ -582,10 +584,10 @@ class Admission:
         runtime_reasons.extend(found.reasons)
         if found.runtime is None:
             return None, None
-        _, facts, entry, previous = self._facts(live, found.runtime)
-        runtime_reasons.extend(facts.reasons)
-        rules.trainjob_runtime_rules(spec, ref, facts, env, reasons)
-        return entry, previous
+        decided = self._decided(live, found.runtime)
+        runtime_reasons.extend(decided.facts.reasons)
+        rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons)
+        return decided.entry, decided.previous
 
     # ---- runtime warnings (SPEC 8.3) ----
 
@@ -602,9 +604,10 @@ class Admission:
         settings = self.settings
         if settings.configured:
             # Judged as the kind the request is for, whatever the object says.
-            runtime = {**obj, "kind": RUNTIME_RESOURCES[resource], "metadata": {**meta, "name": name, "namespace": namespace}}
+            runtime = Runtime.of({**obj, "kind": RUNTIME_RESOURCES[resource],
+                                   "metadata": {**meta, "name": name, "namespace": namespace}})
             facts = rules.runtime_facts(runtime, settings)
-            what = rules.describe(runtime) + ": "
+            what = f"{runtime}: "
             warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: {r.text.removeprefix(what)}"
                              for r in facts.reasons)
         outcome = Outcome(uid, Verb.RUNTIMES, operation, namespace, name, True, warnings=warnings)
