@@ -207,6 +207,7 @@ def test_metadata_update_allowed_even_when_runtime_is_gone():
     assert answer(gone, new, "validate", operation="UPDATE", old=old)["allowed"]
 
 
+@pytest.mark.rules("update")
 def test_editing_the_entry_is_refused():
     adm = admission()
     old = created(adm, suspend=True)
@@ -225,6 +226,7 @@ def test_time_only_change_is_not_an_edit():
     assert answer(adm, new, "validate", operation="UPDATE", old=old)["allowed"]
 
 
+@pytest.mark.rules("update")
 def test_removed_entry_put_back_at_its_old_position():
     adm = admission()
     old = created(adm, patches=[{"manager": "a.io/x"}, {"manager": "b.io/y"}])
