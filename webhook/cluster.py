@@ -23,6 +23,8 @@ PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingru
 WATCH_SECONDS = 240
 LIST_PAGE = 500  # a page is parsed whole before its items are taken: smaller pages, a smaller peak
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
+NEGATIVE_SECONDS = 1.0  # a miss the API server confirmed is answered from memory this long (no live GET each time)
+NEGATIVE_LIMIT = 10_000  # ... for at most this many names at once (then the oldest are forgotten)
 
 
 class Gone(Exception):
@@ -156,11 +158,14 @@ class Reflector:
 class ClusterRuntimes:
     """The RuntimeSource for a cluster: the watch cache, with one live read to confirm a miss."""
 
-    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None):
+    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
         self.index = RuntimeIndex()
+        self.clock = clock
+        self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
         readiness = Readiness(can_carry) if can_carry else None
         self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in PLURALS}
         if start:
@@ -180,9 +185,20 @@ class ClusterRuntimes:
         found = self.index.get(kind, namespace, name)
         if found is not None:
             return found
+        key = (kind, namespace, name)
+        until = self._missing.get(key)
+        if until is not None and self.clock() < until:
+            return None  # the negative cache: a name probed again and again costs the API server one GET a second
         if not blocking_allowed():
             raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
-        return self._live_read(kind, namespace, name)
+        found = self._live_read(kind, namespace, name)
+        if found is None:
+            if len(self._missing) >= NEGATIVE_LIMIT:
+                self._missing.clear()
+            self._missing[key] = self.clock() + NEGATIVE_SECONDS
+        else:
+            self._missing.pop(key, None)
+        return found
 
     def _live_read(self, kind: str, namespace: str, name: str) -> Runtime | None:
         from kubernetes.client.exceptions import ApiException
