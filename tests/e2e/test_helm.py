@@ -415,9 +415,9 @@ def test_deployment_is_hardened(helm, tmp_path):
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert "podAntiAffinity" in pod["affinity"] and c["resources"]["requests"]
     # the settings are read through the API (SPEC 2.1), not mounted; a change of them rolls no pod
-    assert f"--settings-configmap=default/{FULL}-settings" in c["args"]
+    assert f"--settings-configmap={NS}/{FULL}-settings" in c["args"]
     assert "settings" not in {m["name"] for m in c["volumeMounts"]}
-    assert not any(k.startswith("checksum/settings") for k in dep["spec"]["template"]["metadata"]["annotations"])
+    assert not any(k.startswith("checksum/settings") for k in dep["spec"]["template"]["metadata"].get("annotations") or {})
 
 
 def test_openshift_can_drop_the_fixed_ids(helm, tmp_path):
@@ -746,7 +746,10 @@ def _secret(cluster, name):
 
 
 def _install(env, helm, tmp_path, port, release="rel", extra=None):
-    values = merged(BASE, {"publish": {"image": IMAGE},
+    # The settings of the session's own webhooks (route1.json), which also see these TrainJobs: the release's
+    # replicas read them from its ConfigMap, and both must write the same entry.
+    route1 = json.loads((EXAMPLES / "settings" / "route1.json").read_text())
+    values = merged(BASE, {"publish": route1["publish"], "credentials": route1["credentials"],
                            "webhook": {"url": f"https://127.0.0.1:{port}",
                                        "objectSelector": {"matchLabels": {HELM_LABEL: release}}},
                            "tests": {"labels": {SKIP_MUTATION_LABEL: "true"}}}, extra or {})
