@@ -14,6 +14,7 @@ from . import __version__, api
 from .core import settings as settings_mod
 from .core.admission import Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
+from .certs.context import DEFAULT_CIPHERS
 from .files import RuntimeFileError, load_runtimes, load_settings
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
@@ -180,6 +181,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
                    help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
+    s.add_argument("--client-subject", action="append", metavar="CN",
+                   help="with --client-ca: accept a client certificate only when its subject common name is CN"
+                        " (repeatable; the API server's, e.g. kube-apiserver); checked on every connection")
+    s.add_argument("--tls-min-version", choices=["1.2", "1.3"], default="1.2",
+                   help="the oldest TLS version accepted (default 1.2: API servers built with older Go may not"
+                        " offer 1.3 to webhooks)")
+    s.add_argument("--tls-ciphers", default=DEFAULT_CIPHERS, metavar="LIST",
+                   help=f"TLS 1.2 cipher suites, OpenSSL syntax (default {DEFAULT_CIPHERS}: ECDHE with AES-GCM or"
+                        " ChaCha20-Poly1305); TLS 1.3's suites are not affected")
+    s.add_argument("--runtime-metric-labels", action="store_true",
+                   help="export dispatch_admission_runtime_ready per runtime (kind, namespace, name); default: only"
+                        " counts per kind, so /metrics names no tenant's runtimes")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info logs one line per review; warning and above only problems")

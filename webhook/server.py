@@ -441,6 +441,13 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
     return Server()
 
 
+def _tls_options(args) -> dict:
+    """serve's TLS hardening flags (docs/hardening.md), as ReloadingContext takes them."""
+    found = {"min_version": getattr(args, "tls_min_version", None), "ciphers": getattr(args, "tls_ciphers", None),
+             "client_subjects": tuple(getattr(args, "client_subject", None) or ())}
+    return {k: v for k, v in found.items() if v}
+
+
 def run(args) -> int:
     from . import certs
 
@@ -464,7 +471,8 @@ def run(args) -> int:
             return 1
     certfile, keyfile = str(opts.cert_dir / "tls.crt"), str(opts.cert_dir / "tls.key")
     try:
-        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"))
+        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"),
+                                     **_tls_options(args))
     except (OSError, ValueError) as e:
         print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}", file=sys.stderr)
         return 1
@@ -477,6 +485,7 @@ def run(args) -> int:
 
     def load():  # in each worker, after fork
         metrics.watch_certificates(tls.expiry)
+        metrics.name_runtimes(bool(getattr(args, "runtime_metric_labels", False)))
         return create_app(opts.settings, _runtime_source(opts), tls.valid, opts.max_body,
                           enforcement=opts.enforcement, serve_metrics=opts.metrics_bind is None)
 
