@@ -320,6 +320,7 @@ class _Options:
         self.tls_secret = args.tls_secret
         self.tls_service = args.tls_service
         self.webhook_configuration = args.webhook_configuration
+        self.tls_read_only = bool(getattr(args, "tls_read_only", False))  # the certificate controller issues
         self.namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
         self.client_ca = args.client_ca
         self.workers = args.workers
@@ -387,7 +388,8 @@ def _self_managed_certificates(opts: _Options) -> None:
 
     api = api_client(opts.kubeconfig)
     names = certs.service_names(opts.tls_service, opts.namespace)
-    keeper = certs.SelfManaged(api, opts.namespace, opts.tls_secret, names, opts.cert_dir, opts.webhook_configuration)
+    keeper = certs.SelfManaged(api, opts.namespace, opts.tls_secret, names, opts.cert_dir, opts.webhook_configuration,
+                               read_only=opts.tls_read_only)
 
     def sync() -> None:
         if keeper.sync():
