@@ -337,6 +337,7 @@ class _Options:
         self.tls_secret = args.tls_secret
         self.tls_service = args.tls_service
         self.webhook_configuration = args.webhook_configuration
+        self.tls_read_only = bool(getattr(args, "tls_read_only", False))  # the certificate controller issues
         self.namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
         self.client_ca = args.client_ca
         self.workers = args.workers
@@ -430,7 +431,8 @@ def _self_managed_certificates(opts: _Options) -> None:
 
     api = api_client(opts.kubeconfig)
     names = certs.service_names(opts.tls_service, opts.namespace)
-    keeper = certs.SelfManaged(api, opts.namespace, opts.tls_secret, names, opts.cert_dir, opts.webhook_configuration)
+    keeper = certs.SelfManaged(api, opts.namespace, opts.tls_secret, names, opts.cert_dir, opts.webhook_configuration,
+                               read_only=opts.tls_read_only)
 
     def sync() -> None:
         if keeper.sync():
@@ -484,6 +486,13 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
     return Server()
 
 
+def _tls_options(args) -> dict:
+    """serve's TLS hardening flags (docs/hardening.md), as ReloadingContext takes them."""
+    found = {"min_version": getattr(args, "tls_min_version", None), "ciphers": getattr(args, "tls_ciphers", None),
+             "client_subjects": tuple(getattr(args, "client_subject", None) or ())}
+    return {k: v for k, v in found.items() if v}
+
+
 def run(args) -> int:
     from . import certs
 
@@ -507,7 +516,8 @@ def run(args) -> int:
             return 1
     certfile, keyfile = str(opts.cert_dir / "tls.crt"), str(opts.cert_dir / "tls.key")
     try:
-        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"))
+        tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"),
+                                     **_tls_options(args))
     except (OSError, ValueError) as e:
         print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}", file=sys.stderr)
         return 1
@@ -523,6 +533,7 @@ def run(args) -> int:
         from .core.runtimes import key_of
 
         metrics.watch_certificates(tls.expiry)
+        metrics.name_runtimes(bool(getattr(args, "runtime_metric_labels", False)))
         current = [opts.settings]
         runtimes = _runtime_source(opts, lambda: current[0])
 

@@ -565,16 +565,101 @@ def test_helm_test_fails_and_says_why_when_no_webhook_pod_answers(inst):
             assert time.monotonic() < deadline, "the webhook pods did not go"
             time.sleep(0.5)
         got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "3m", check=False)
-        print(got.stdout[-3000:], got.stderr[-1000:])
+        print(got.stdout[-3000:], got.stderr[-3000:])
         assert got.returncode != 0
         assert re.search(r"Phase:\s+Failed", got.stdout), got.stdout + got.stderr
-        assert "FAILED: the webhook did not answer as expected before the deadline" in got.stdout, got.stdout
-        assert "failed calling webhook" in got.stdout, "the test's log says what the API server said"
+        # The failed pod is deleted (hook-failed); Helm printed its log first (hook-output-log-policy, on stderr).
+        out = got.stdout + got.stderr
+        assert "FAILED: the webhook did not answer as expected before the deadline" in out, out
+        assert "failed calling webhook" in out, "the test's log says what the API server said"
+        assert c.get("pod", f"{FULL}-test", RNS) is None, "the failed test pod was left behind"
     finally:
         c.kubectl("scale", f"deployment/{FULL}", "-n", RNS, "--replicas=2")
         inst.wait_settled()
     got = inst.helm_run("test", RELEASE, "-n", RNS, "--timeout", "5m")
     assert re.search(r"Phase:\s+Succeeded", got.stdout), got.stdout
+
+
+# ---- break-glass: every replica down ----
+
+BREAK_GLASS = ("kubectl patch validatingwebhookconfiguration {name} --type=json "
+               "-p='[{{\"op\":\"replace\",\"path\":\"/webhooks/0/failurePolicy\",\"value\":\"Ignore\"}}]'")
+HOLD = "dispatch-e2e/hold"
+
+
+def test_break_glass_with_every_replica_down(inst):
+    """docs/hardening.md's runbook, run: with all replicas scaled to 0, creates are refused (fail closed) while a
+    finalizer removal of a TrainJob being deleted already goes through (the matchCondition); one kubectl line
+    (failurePolicy Ignore) lets creates, deletes and finalizer removals through; restoring Fail and the replicas
+    brings the webhook back."""
+    c = inst.cluster
+    shown: list[str] = []
+
+    def run(*args: str, check: bool = True):
+        got = c.kubectl(*args, check=check)
+        shown.append(f"$ kubectl {' '.join(args)}\n{(got.stdout + got.stderr).strip()}")
+        return got
+
+    def held(name: str) -> dict:
+        job = trainjob(name, "torch-distributed", suspend=True)
+        job["metadata"]["finalizers"] = [HOLD]
+        return job
+
+    def until(what: str, check, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.5)
+
+    c.apply(held("glass-held"))  # while the webhook answers: a TrainJob another controller still holds
+    c.kubectl("delete", "trainjob", "glass-held", "-n", NS, "--wait=false")
+    assert c.get("trainjob", "glass-held", NS)["metadata"].get("deletionTimestamp")
+    c.kubectl("scale", f"deployment/{FULL}", "-n", RNS, "--replicas=0")
+    try:
+        until("the webhook pods did not go", lambda: not inst.pods(), 120)
+        got = c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(trainjob("glass-before", "torch-distributed",
+                                                                          suspend=True)), check=False)
+        shown.append(f"$ kubectl apply -f glass-before.yaml\n{(got.stdout + got.stderr).strip()}")
+        assert got.returncode != 0 and "failed calling webhook" in got.stderr, got.stdout + got.stderr
+        # Not sent to the webhook (being deleted): the finalizer removal goes through with no replica.
+        run("patch", "trainjob", "glass-held", "-n", NS, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+        until("the held TrainJob was not deleted", lambda: c.get("trainjob", "glass-held", NS) is None)
+
+        # The break-glass line.
+        line = BREAK_GLASS.format(name=FULL)
+        got = subprocess.run(line.replace("kubectl", f"{c.kubectl_bin} --kubeconfig {c.kubeconfig}", 1), shell=True,
+                             capture_output=True, text=True, timeout=60)
+        shown.append(f"$ {line}\n{(got.stdout + got.stderr).strip()}")
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert [w["failurePolicy"] for w in c.get("validatingwebhookconfiguration", FULL)["webhooks"]] == ["Ignore"]
+        # The API server's informer takes the change in a moment: creates go through from then on.
+        until("creates still refused after the break-glass",
+              lambda: c.apply(trainjob("glass-create", "torch-distributed", suspend=True), check=False).returncode == 0)
+        got = c.kubectl("get", "trainjob", "glass-create", "-n", NS)
+        shown.append(f"$ kubectl apply -f glass-create.yaml\ntrainjob.trainer.kubeflow.org/glass-create created\n"
+                     f"$ kubectl get trainjob glass-create -n {NS}\n{got.stdout.strip()}")
+        assert entry(c.get("trainjob", "glass-create", NS)) is None, "admitted without the webhook's entry"
+        got = c.apply(held("glass-held-2"))
+        shown.append(f"$ kubectl apply -f glass-held-2.yaml  # finalizers: [{HOLD}]\n{got.stdout.strip()}")
+        run("delete", "trainjob", "glass-create", "-n", NS)
+        run("delete", "trainjob", "glass-held-2", "-n", NS, "--wait=false")
+        run("patch", "trainjob", "glass-held-2", "-n", NS, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+        until("the second held TrainJob was not deleted", lambda: c.get("trainjob", "glass-held-2", NS) is None)
+        assert c.get("trainjob", "glass-create", NS) is None
+    finally:
+        # Restore: fail closed again, and the replicas.
+        c.kubectl("patch", "validatingwebhookconfiguration", FULL, "--type=json",
+                  "-p", '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Fail"}]')
+        shown.append(f"$ kubectl patch validatingwebhookconfiguration {FULL} --type=json "
+                     "-p='[{\"op\":\"replace\",\"path\":\"/webhooks/0/failurePolicy\",\"value\":\"Fail\"}]'")
+        c.kubectl("scale", f"deployment/{FULL}", "-n", RNS, "--replicas=2")
+        shown.append(f"$ kubectl scale deployment/{FULL} -n {RNS} --replicas=2")
+        inst.wait_settled()
+        print("\n[break-glass]\n" + "\n".join(shown))
+    until("a create was not mutated after the restore",
+          lambda: c.apply(trainjob("glass-after", "torch-distributed", suspend=True), check=False).returncode == 0)
+    assert entry(c.get("trainjob", "glass-after", NS)) is not None, "the webhook is back in the path"
+    c.kubectl("delete", "trainjob", "glass-after", "-n", NS)
 
 
 # ---- rollout and faults, as the API server sees them ----
