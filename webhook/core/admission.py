@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from enum import Enum
+from functools import lru_cache
 from typing import Any, Callable, NamedTuple
 
 from . import patch, rules
@@ -381,6 +382,12 @@ class _Lookup(NamedTuple):
     reasons: tuple[Reason, ...]        # ErrUnavailable, R2
 
 
+@lru_cache(maxsize=1024)
+def _entry(settings: Settings, targets: tuple[str, ...]) -> Entry:
+    """The entry for these settings and target jobs: one object for every runtime with the same targets."""
+    return Entry.build(settings, targets)
+
+
 class Admission:
     """Decides reviews for one runtime source and one enforcement mode, with settings that may change.
 
@@ -428,8 +435,8 @@ class Admission:
         settings, prev = live.settings, live.previous
         facts = rules.runtime_facts(runtime, settings)
         targets = facts.targets
-        decided = Decided(facts, Entry.build(settings, targets) if settings.configured and targets else None,
-                          Entry.build(prev, targets) if prev is not None and prev.configured and targets else None)
+        decided = Decided(facts, _entry(settings, targets) if settings.configured and targets else None,
+                          _entry(prev, targets) if prev is not None and prev.configured and targets else None)
         runtime.memo[0] = (settings, prev, decided)
         return decided
 

@@ -15,6 +15,7 @@ worked out once per settings and kept with it.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
@@ -55,6 +56,17 @@ class Job:
     init_containers: frozenset[str]     # ... and init containers
     volumes: tuple[str, ...]            # names of the pod's volumes
     publish_mounts: tuple[tuple[str, str], ...]  # (container, mountPath) at or under /opt/dispatch
+
+
+# Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
+# share their jobs instead of holding a copy each.
+_JOBS: "weakref.WeakValueDictionary[Job, Job]" = weakref.WeakValueDictionary()
+_JOBS_LOCK = threading.Lock()
+
+
+def _interned(job: Job) -> Job:
+    with _JOBS_LOCK:
+        return _JOBS.setdefault(job, job)
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,10 @@ class Runtime:
             if names > MAX_NAMES:
                 break
             job_name = _obj(rj).get("name")
-            jobs.append(Job(job_name if isinstance(job_name, str) else "", _names(containers), _names(inits),
-                            tuple(n for n in (_obj(v).get("name") for v in volumes) if isinstance(n, str)),
-                            tuple(mounts)))
+            jobs.append(_interned(Job(job_name if isinstance(job_name, str) else "", _names(containers),
+                                      _names(inits),
+                                      tuple(n for n in (_obj(v).get("name") for v in volumes) if isinstance(n, str)),
+                                      tuple(mounts))))
         return cls(found_kind, str(meta.get("namespace") or "") if found_kind == NAMESPACED_KIND else "",
                    str(meta.get("name") or ""), str(meta.get("resourceVersion") or ""),
                    frozenset(k for k, v in policy.items() if v is not None),
