@@ -103,7 +103,7 @@ class FileSettings(LiveSettings):
         super().__init__(**kw)
         self.path = path
         self.where = path
-        self._seen = self._digest()
+        self._seen: str | None = None  # the first poll takes what is there (it may have changed since start-up)
 
     def read_text(self) -> bytes:
         try:
@@ -112,20 +112,14 @@ class FileSettings(LiveSettings):
         except OSError as e:
             raise Denied([doc_reason(f"cannot read settings file {self.path}: {e.strerror}")]) from None
 
-    def _digest(self) -> str | None:
-        try:
-            return hashlib.sha256(self.read_text()).hexdigest()
-        except Denied:
-            return None
-
     def follow(self) -> None:
         while not self.stopped.wait(POLL_SECONDS):
             try:
                 text = self.read_text()
             except Denied as e:  # gone for a moment (being replaced): keep what is in use, say so once
-                if self._seen is not None:
+                if self._seen != "unreadable":
                     log.warning(json.dumps({"msg": "settings file unreadable", "error": str(e)[:300]}))
-                    self._seen = None
+                    self._seen = "unreadable"
                 continue
             digest = hashlib.sha256(text).hexdigest()
             if digest != self._seen:
