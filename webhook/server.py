@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,12 +29,11 @@ from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
+from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT, error_body
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
 
-DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
-DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEV_BIND = "127.0.0.1:8443"
 
 
@@ -73,41 +74,13 @@ def _json(body: dict, code: int) -> Response:
 
 
 def _error_body(code: int, message: str) -> bytes:
-    metrics.BAD_REQUESTS.labels(str(code)).inc()
-    return _dumps({"error": message, "code": code})
+    """A request refused before review: counted, and answered with the worker's error body."""
+    metrics.get().bad_requests.labels(str(code)).inc()
+    return error_body(code, message)
 
 
 def _error(code: int, message: str) -> Response:
     return Response(_error_body(code, message), status=code, mimetype="application/json")
-
-
-DRAIN_LIMIT = 64 * 1024 * 1024
-
-
-def _drain(stream) -> None:
-    """Read and drop what is left of the body (bounded), so the client reads our 413 instead of a reset."""
-    left = DRAIN_LIMIT
-    try:
-        while stream is not None and left > 0:
-            chunk = stream.read(min(65536, left))
-            if not chunk:
-                break
-            left -= len(chunk)
-    except Exception:  # the client went away: nothing more to do
-        pass
-
-
-def _read_body(stream, content_length: int | None, max_body: int) -> bytes | None:
-    """The whole body, or None when it is over `max_body` (a chunked body has no length to check first)."""
-    if content_length is not None:
-        return stream.read(content_length)
-    parts, size = [], 0
-    while chunk := stream.read(65536):
-        size += len(chunk)
-        if size > max_body:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
@@ -128,27 +101,48 @@ class Answered(list):
 
 
 class ReviewLog:
-    """One JSON line per review on stderr, written with a single os.write.
+    """One JSON line per review on stderr, each written with a single os.write by a thread of its own.
 
     Not through `logging`: its handler lock and LogRecord cost as much as the review itself under load
     (measured with py-spy), and a write of under PIPE_BUF bytes is atomic, so lines from threads and
-    workers never interleave.
+    workers never interleave. `write` runs on the worker's event loop (in the review's close()): it only
+    puts the line in a bounded queue, so a stderr that stops taking lines (a pipe nobody reads) never
+    blocks the loop; while the queue is full, lines are dropped and counted
+    (dispatch_admission_log_dropped_total).
     """
 
     MAX_LINE = 4000
+    QUEUED = 1000  # lines waiting for stderr, at most (4 MB at the longest)
 
-    def __init__(self, enabled: bool, fd: int = 2):
+    def __init__(self, enabled: bool, fd: int = 2, queued: int = QUEUED):
         self.enabled, self.fd = enabled, fd
+        self.lines: queue.Queue[bytes] = queue.Queue(queued)
+        self.dropped = metrics.get().log_dropped
+        self.writer: threading.Thread | None = None
+        self.starting = threading.Lock()
 
     def write(self, fields: dict) -> None:
         line = json.dumps(fields, separators=(", ", ": "))
         if len(line) > self.MAX_LINE:
             fields = {**fields, "message": fields.get("message", "")[: self.MAX_LINE // 2] + "..."}
             line = json.dumps(fields, separators=(", ", ": "))[: self.MAX_LINE]
+        if self.writer is None:  # started on first use: in the worker, after fork
+            with self.starting:
+                if self.writer is None:
+                    self.writer = threading.Thread(target=self._write, name="review-log", daemon=True)
+                    self.writer.start()
         try:
-            os.write(self.fd, line.encode() + b"\n")
-        except OSError:
-            pass  # stderr gone: never fail a review over a log line
+            self.lines.put_nowait(line.encode() + b"\n")
+        except queue.Full:
+            self.dropped.inc()
+
+    def _write(self) -> None:
+        while True:
+            line = self.lines.get()
+            try:
+                os.write(self.fd, line)
+            except OSError:
+                pass  # stderr gone: never fail a review over a log line
 
 
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
@@ -164,7 +158,8 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
     app = Flask("dispatch_admission")
     admission = Admission(settings, runtimes, enforcement=enforcement)
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
-    latency = {v: metrics.LATENCY.labels(v.value) for v in Verb}
+    families = metrics.get()
+    latency = {v: families.latency.labels(v.value) for v in Verb}
 
     def answer(verb: Verb, environ: dict) -> tuple[int, bytes, Callable[[], None] | None]:
         """(HTTP status, JSON body, the review's accounting) for one review request. The accounting (metrics,
@@ -174,15 +169,10 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
         if mimetype != "application/json":
             return 415, _error_body(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}"), None
-        stream = environ["wsgi.input"]
-        content_length = get_content_length(environ)
-        if content_length is not None and content_length > max_body:
-            _drain(stream)
+        content_length = get_content_length(environ) or 0  # the worker hands whole bodies, with their length
+        if content_length > max_body:
             return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
-        body = _read_body(stream, content_length, max_body)
-        if body is None:
-            _drain(stream)
-            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
+        body = environ["wsgi.input"].read(content_length)
         try:
             doc = _loads(body)
         except (ValueError, RecursionError) as e:
@@ -198,10 +188,10 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 
         def account() -> None:
             latency[verb].observe(elapsed)
-            metrics.REVIEWS.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+            families.reviews.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
             would_deny = outcome.would_deny
             for sentinel, rule in would_deny:
-                metrics.WOULD_DENY.labels(sentinel, rule).inc()
+                families.would_deny.labels(sentinel, rule).inc()
             if outcome.intercepted and review_log.enabled:
                 review_log.write({
                     "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
@@ -354,7 +344,7 @@ def _runtime_source(opts: _Options) -> RuntimeSource:
         for runtime in index:
             metrics.set_runtime_ready(*key_of(runtime), can_carry(runtime))
         for kind in KINDS:
-            metrics.CACHE_SYNCED.labels(kind).set(1)  # files are read whole before serving
+            metrics.get().cache_synced.labels(kind).set(1)  # files are read whole before serving
         return index
     import threading
 
@@ -362,11 +352,11 @@ def _runtime_source(opts: _Options) -> RuntimeSource:
 
     source = ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
     for kind, reflector in source.reflectors.items():
-        metrics.CACHE_SYNCED.labels(kind).set(0)
+        metrics.get().cache_synced.labels(kind).set(0)
 
         def synced(kind=kind, event=reflector.synced) -> None:
             event.wait()
-            metrics.CACHE_SYNCED.labels(kind).set(1)
+            metrics.get().cache_synced.labels(kind).set(1)
 
         threading.Thread(target=synced, name=f"synced-{kind}", daemon=True).start()
     return source
