@@ -29,7 +29,8 @@ from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
-from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT, error_body
+from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
+from .wsgi import error_body
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
@@ -213,7 +214,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         try:
             code, body, account = answer(verb, environ)
         except WouldBlock:
-            raise  # the worker runs it again on a thread that may block (see worker.Connection.dispatch)
+            raise  # the worker runs it again on a thread that may block (see worker.Connection._dispatch)
         except Exception:  # a fault of ours; the worker lives on
             log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
             code, body, account = 500, INTERNAL, None

@@ -1,31 +1,21 @@
 """A gunicorn worker that slow or stalled clients cannot starve (SPEC 7).
 
-Gunicorn stays the process manager (master, workers restarted when they die or stop reporting, graceful
-drain on SIGTERM); this worker replaces `gthread`, where a connection held a thread from accept to
-response, so eight clients that sent three bytes and stalled held every thread.
+Gunicorn stays the process manager; this worker replaces `gthread`, where a connection held a thread from
+accept to response, so eight clients that sent three bytes and stalled held every thread. Here one event
+loop per worker (uvloop's when installed) does all the waiting, and the app only sees whole requests:
 
-One event loop per worker (uvloop's when installed: its loop and TLS layer are compiled) does all the
-waiting, and the app only ever sees whole requests:
-
-- accept one connection at a time, then TLS from the socket's first byte under the handshake deadline,
-  with the context gunicorn's `ssl_context` hook answers for this connection (the webhook's reloads a
-  rotated certificate, and asks for client certificates when configured);
-- HTTP/1.1 framed by one httptools parser per connection (llhttp, strict), under a deadline from a
-  request's first byte (a connection's first request: from the handshake's end) to its last; a head is
-  bounded by gunicorn's limit_request_* settings and HEAD_LIMIT, a body by the max-body limit. The API
-  server sends Content-Length bodies, no `Expect: 100-continue` and no upgrade: a request with
-  Transfer-Encoding is answered 411 and the connection closed, and Expect and Upgrade are not honoured;
-- a small review is answered on the loop, a larger one (or one that needs a live read) on a small pool
-  of threads (gunicorn's `threads`); the worker writes the response head and framing, and calls the
-  result's close() (PEP 3333) on the loop once the answer is written;
-- pipelined requests are answered in order; kept-alive connections wait gunicorn's `keepalive` seconds.
-
-A connection past a deadline is closed; it never held a thread, so other clients do not wait for it. A
-body over the limit is handed to the app with its length and no data (the app answers 413) as soon as its
-head is read, and the rest is read and dropped (up to DRAIN_LIMIT) so the client reads the answer.
+- TLS from an accepted socket's first byte, under the handshake deadline, with the context gunicorn's
+  `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
+- HTTP/1.1 framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
+  request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
+  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (over it, the app answers 413 at
+  the head and the rest is dropped, so the client reads the answer). The API server sends Content-Length
+  bodies and never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
+- small reviews answered on the loop, the rest on gunicorn's `threads`; the worker writes the response
+  head, then calls the result's close() (PEP 3333) on the loop; pipelining and keep-alive kept.
 
 Options beyond gunicorn's settings come from the gunicorn application's `worker_options` (a
-`WorkerOptions`); a listener named there as the metrics address is served in plain HTTP with the
+`WorkerOptions`); the listener named there as the metrics address is served in plain HTTP with the
 application's `metrics_app()`.
 """
 
@@ -33,23 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
-import queue
 import signal
 import sys
-import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import unquote_to_bytes, urlsplit
 
 import httptools
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
+from . import metrics
 from .cluster import NoBlocking
 from .core.runtimes import WouldBlock
+from .wsgi import INTERNAL, JSON, AppThreads, WSGIApp, close_result, error_body, response_head
 
 DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
@@ -59,10 +48,6 @@ SLICE = 16 * 1024               # data reaches the parser in slices this size: a
 INLINE_LIMIT = 64 * 1024        # a review body up to this size is answered on the loop (a larger one on a thread)
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
-
-WSGIApp = Callable[[dict, Callable], Any]
-Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers, body, the result's close()
-
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerOptions:
@@ -76,16 +61,14 @@ HANDSHAKE, IDLE, READING, BUSY, CLOSED = range(5)  # a connection's states
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed, else asyncio's; DISPATCH_ADMISSION_LOOP=asyncio asks for asyncio's
-    (to tell a fault of uvloop's from ours)."""
-    if os.environ.get("DISPATCH_ADMISSION_LOOP", "") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+    """uvloop's loop when installed, else asyncio's (also with DISPATCH_ADMISSION_LOOP=asyncio, to tell a
+    fault of uvloop's from ours)."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    use = uvloop and os.environ.get("DISPATCH_ADMISSION_LOOP", "") != "asyncio"
+    return uvloop.new_event_loop() if use else asyncio.new_event_loop()
 
 
 class Worker(base.Worker):
@@ -100,10 +83,6 @@ class Worker(base.Worker):
         self.quick = False
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
 
-    @classmethod
-    def check_config(cls, cfg, log):
-        pass
-
     def init_process(self):  # gunicorn calls it after fork
         self.loop = new_event_loop()
         asyncio.set_event_loop(self.loop)
@@ -112,13 +91,10 @@ class Worker(base.Worker):
     def init_signals(self):
         for s in self.SIGNALS:
             signal.signal(s, signal.SIG_DFL)
-        for s, handler in ((signal.SIGTERM, self._graceful), (signal.SIGQUIT, self._quick),
+        for s, handler in ((signal.SIGTERM, lambda: setattr(self, "alive", False)), (signal.SIGQUIT, self._quick),
                            (signal.SIGINT, self._quick), (signal.SIGUSR1, self.log.reopen_files),
                            (signal.SIGWINCH, lambda: None), (signal.SIGABRT, self._abort)):
             self.loop.add_signal_handler(s, handler)
-
-    def _graceful(self):
-        self.alive = False
 
     def _quick(self):
         self.alive, self.quick = False, True
@@ -143,26 +119,18 @@ class Worker(base.Worker):
             self.log.exception("worker failed")
         finally:
             self.threads.stop()
-            try:
-                self.loop.close()
-            except Exception:
-                pass
-
-    def _is_metrics(self, host: str, port: int) -> bool:
-        want = self.options.metrics_address
-        return bool(want and self.metrics_wsgi is not None and port == want[1]
-                    and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost")))
+            self.loop.close()
 
     async def _serve(self):
-        loop = self.loop
+        loop, want = self.loop, self.options.metrics_address
         for listener in self.sockets:
             try:
                 host, port = listener.sock.getsockname()[:2]
             except (OSError, ValueError):
                 host, port = "", 0
-            metrics = self._is_metrics(host, port)
-            site = Site(self, self.metrics_wsgi if metrics else self.wsgi, self.cfg.is_ssl and not metrics,
-                        str(host), str(port))
+            plain = bool(want and self.metrics_wsgi is not None and port == want[1]
+                         and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost")))
+            site = Site(self, self.metrics_wsgi if plain else self.wsgi, self.cfg.is_ssl and not plain, host, port)
             listener.sock.setblocking(False)
             loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
             self.listening.append(listener.sock)
@@ -206,26 +174,19 @@ class Worker(base.Worker):
         if not self.admit(conn):
             sock.close()
             return
-        if not site.tls:
-            try:
-                await self.loop.connect_accepted_socket(lambda: conn, sock)
-            except OSError:
-                sock.close()
-                conn.gone()
-            return
         # The handshake counts against worker_connections and can be evicted or closed at shutdown
         # (cancelling this task), under a backstop deadline beside the loop's own.
         conn.handshake = asyncio.current_task()
         conn.deadline = self.loop.time() + site.options.handshake_timeout + 1
+        tls = {"ssl": gunicorn_sock.ssl_context(site.cfg), "ssl_handshake_timeout": site.options.handshake_timeout,
+               "ssl_shutdown_timeout": site.options.request_timeout} if site.tls else {}
         try:
-            await self.loop.connect_accepted_socket(
-                lambda: conn, sock, ssl=gunicorn_sock.ssl_context(site.cfg),
-                ssl_handshake_timeout=site.options.handshake_timeout, ssl_shutdown_timeout=site.options.request_timeout)
+            await self.loop.connect_accepted_socket(lambda: conn, sock, **tls)
         except asyncio.CancelledError:  # evicted, expired or shut down: the loop closed the socket
             conn.gone()
         except Exception as e:  # a failed or timed-out handshake, or the client went away
             if isinstance(e, ConnectionAbortedError) and "taking longer" in str(e):
-                _count_timeout("handshake")
+                metrics.get().client_timeouts.labels("handshake").inc()
             sock.close()
             conn.gone()
         finally:
@@ -253,7 +214,7 @@ class Worker(base.Worker):
             if idle:
                 min(idle, key=lambda c: c.since).close()
             elif waiting:
-                min(waiting, key=lambda c: c.deadline).abort()
+                min(waiting, key=lambda c: c.deadline).close(abort=True)
             else:
                 return False
         self.connections.add(conn)
@@ -274,59 +235,27 @@ class Worker(base.Worker):
             self.notify()
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
-            conn.abort()
+            conn.close(abort=True)
 
 
 class Site:
     """What the connections of one listener share."""
 
-    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: str):
-        cfg = worker.cfg
-        self.worker, self.app, self.tls, self.loop, self.cfg = worker, app, tls, worker.loop, cfg
-        self.options = worker.options
-        self.limit_line, self.limit_fields = cfg.limit_request_line, cfg.limit_request_fields
-        self.limit_field_size = cfg.limit_request_field_size
-        self.keepalive = float(cfg.keepalive)
+    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: int):
+        self.worker, self.app, self.tls, self.loop, self.cfg, self.options = worker, app, tls, worker.loop, worker.cfg, worker.options
+        self.keepalive = float(self.cfg.keepalive)
         self.base_environ = {
-            "SCRIPT_NAME": "", "SERVER_NAME": host, "SERVER_PORT": port,
-            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True, "wsgi.multiprocess": cfg.workers > 1, "wsgi.run_once": False,
-            "wsgi.input_terminated": True,
-        }
+            "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+            "wsgi.multiprocess": self.cfg.workers > 1, "wsgi.run_once": False, "wsgi.input_terminated": True}
 
 
-def error_body(code: int, message: str) -> bytes:
-    """The JSON error every refusal carries, the worker's and the app's: {"error": ..., "code": ...}."""
-    return json.dumps({"error": message, "code": code}, separators=(",", ":")).encode()
-
-
-_JSON = [("Content-Type", "application/json")]
-_INTERNAL = error_body(500, "internal error")
-_REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
-            431: "Request Header Fields Too Large", 505: "HTTP Version Not Supported"}
-_HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length"))
-
-
-def _head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) -> bytes:
-    """The response head, written by the worker: the app's headers are checked for what could split the
-    response (CR, LF) and framing is the worker's (Content-Length, Connection) whatever the app said."""
-    lines = ["HTTP/1.1 ", status, "\r\n"]
-    for name, value in headers:
-        if name.lower() in _HOP_BY_HOP:
-            continue
-        if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
-            raise ValueError(f"header {name[:40]!r} has a line break or a colon")
-        lines += (name, ": ", value, "\r\n")
-    lines.append(f"Content-Length: {length}\r\n\r\n" if keep else f"Content-Length: {length}\r\nConnection: close\r\n\r\n")
-    return "".join(lines).encode("latin-1")
+REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
+           431: "Request Header Fields Too Large", 505: "HTTP Version Not Supported"}
 
 
 class Refused(Exception):
-    """A request the worker answers itself (bad framing, a head over the limits), then closes on."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
+    """Refused(code, message): a request the worker answers itself (bad framing, a head over the limits)."""
 
 
 class Request:
@@ -369,15 +298,10 @@ class Connection(asyncio.Protocol):
         self.last = False        # nothing more is read (Connection: close, an upgrade, a refusal)
         self.refusal: bytes | None = None  # sent, then closed on, once the answers before it are out
 
-    # ---- transport events ----
-
     def connection_made(self, transport):
         """Called with the TLS transport once the handshake is done (or the plain one at once)."""
-        if self.state == CLOSED:  # closed while the handshake ended
+        if self.state == CLOSED or not self.site.worker.alive:  # closed while the handshake ended, or shutting down
             transport.abort()
-            return
-        if not self.site.worker.alive:
-            transport.close()
             self.gone()
             return
         peer = transport.get_extra_info("peername") or ("", 0)
@@ -391,21 +315,18 @@ class Connection(asyncio.Protocol):
         if self.last or self.state == CLOSED:
             return
         try:
-            if len(data) <= SLICE:
-                self._feed(data)
-            else:
-                view = memoryview(data)
-                for at in range(0, len(data), SLICE):
-                    self._feed(view[at:at + SLICE])
-                    if self.last:
-                        break
+            view = memoryview(data)
+            for at in range(0, len(data), SLICE):
+                self._feed(view[at:at + SLICE])
+                if self.last:
+                    break
         except httptools.HttpParserUpgrade:
             pass  # the upgrade request was read and is answered (keep_alive False); what follows is not read
         except Refused as e:
-            self._refuse(e.code, e.message)
+            self._refuse(*e.args)
         except httptools.HttpParserError as e:
             if isinstance(e.__context__, Refused):  # raised in a callback
-                self._refuse(e.__context__.code, e.__context__.message)
+                self._refuse(*e.__context__.args)
             elif not self.last:  # after Connection: close, llhttp refuses what follows: it is not read anyway
                 self._refuse(400, str(e)[:200] or type(e).__name__)
         self._flow()
@@ -432,7 +353,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self):
         self.write_deadline = 0.0
 
-    # ---- llhttp's callbacks (httptools) ----
+    # llhttp's callbacks (httptools)
 
     def on_message_begin(self):
         self.url, self.fields, self.head_fed = bytearray(), [], 0
@@ -448,21 +369,21 @@ class Connection(asyncio.Protocol):
         self.fields.append((name.lower(), value.strip(b" \t")))
 
     def on_headers_complete(self):
-        site, parser, fields, target = self.site, self.parser, self.fields, bytes(self.url)
+        cfg, parser, fields, target = self.site.cfg, self.parser, self.fields, bytes(self.url)
         self.url = None
         method, version = parser.get_method(), parser.get_http_version()
-        if site.limit_line and len(method) + len(target) + 10 > site.limit_line:
-            raise Refused(414, f"the request line is over {site.limit_line} bytes")
-        if site.limit_fields and len(fields) > site.limit_fields:
-            raise Refused(431, f"more than {site.limit_fields} header fields")
+        if cfg.limit_request_line and len(method) + len(target) + 10 > cfg.limit_request_line:
+            raise Refused(414, f"the request line is over {cfg.limit_request_line} bytes")
+        if cfg.limit_request_fields and len(fields) > cfg.limit_request_fields:
+            raise Refused(431, f"more than {cfg.limit_request_fields} header fields")
         if version not in ("1.1", "1.0"):
             raise Refused(505, f"HTTP/{version} is not served: HTTP/1.1 only")
         if method == b"CONNECT":
             raise Refused(400, "CONNECT is not served")
         length, hosts, expect = 0, 0, False
         for name, value in fields:
-            if site.limit_field_size and len(name) + len(value) + 2 > site.limit_field_size:
-                raise Refused(431, f"a header field is over {site.limit_field_size} bytes")
+            if cfg.limit_request_field_size and len(name) + len(value) + 2 > cfg.limit_request_field_size:
+                raise Refused(431, f"a header field is over {cfg.limit_request_field_size} bytes")
             if name == b"content-length":
                 length = int(value)  # llhttp has checked it: digits, one value
             elif name == b"host":
@@ -479,10 +400,10 @@ class Connection(asyncio.Protocol):
             except ValueError:
                 raise Refused(400, "an invalid request target") from None
             target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        over = length > site.options.max_body
+        over = length > self.site.options.max_body
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 instead, and will not send the body: closed after.
-        keep = (bool(site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
+        keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
                                      keep_alive=keep, over_limit=over)
@@ -502,8 +423,6 @@ class Connection(asyncio.Protocol):
             self.ready.append(req)
         elif req.dispatched and req is not self.answering:  # dropped to its end after the 413 went out
             self._idle()
-
-    # ---- the app ----
 
     def _flow(self):
         """The next request to the app if none is with it; reading paused while a whole request waits."""
@@ -556,26 +475,26 @@ class Connection(asyncio.Protocol):
             else:
                 self.loop.call_soon(self.respond, *answer)
                 return
-        threads.submit(self, self.site.app, env)
+        threads.queue.put((self, self.site.app, env))
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
                 close: Callable[[], object] | None = None):
         """On the loop, with the app's answer: written, then the app's result closed, then the next request
         (or a close of the connection)."""
         if self.state == CLOSED:
-            _closed(close, self.site.worker.log)
+            close_result(close, self.site.worker.log)
             return
         req, self.answering = self.answering, None
         keep = req.keep_alive and self.site.worker.alive
         try:
             try:
-                head = _head(status, headers, len(body), keep)
+                head = response_head(status, headers, len(body), keep)
             except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
                 self.site.worker.log.error("the application's answer cannot be sent: %s", e)
-                head, body, keep = _head("500 Internal Server Error", _JSON, len(_INTERNAL), False), _INTERNAL, False
+                head, body, keep = response_head("500 Internal Server Error", JSON, len(INTERNAL), False), INTERNAL, False
             self._send(head + body if body and req.method != b"HEAD" else head)
         finally:
-            _closed(close, self.site.worker.log)
+            close_result(close, self.site.worker.log)
         self.served += 1
         if not keep:
             self.close()
@@ -591,9 +510,7 @@ class Connection(asyncio.Protocol):
 
     def _idle(self):
         self.state, self.since = IDLE, self.loop.time()
-        self.deadline = self.since + self.site.keepalive
-
-    # ---- writing and closing ----
+        self.deadline = self.since + self.site.keepalive  # a kept-alive connection waits this long
 
     def _send(self, data: bytes):
         if self.transport is not None and not self.transport.is_closing():
@@ -601,32 +518,24 @@ class Connection(asyncio.Protocol):
 
     def _refuse(self, code: int, message: str):
         """Answer a request the worker refuses itself, after the answers before it, then close."""
-        _count_bad(code)
+        metrics.get().bad_requests.labels(str(code)).inc()
         self.last = True
         body = error_body(code, message)
-        self.refusal = _head(f"{code} {_REASONS.get(code, 'Bad Request')}", _JSON, len(body), False) + body
+        self.refusal = response_head(f"{code} {REASONS.get(code, 'Bad Request')}", JSON, len(body), False) + body
 
     def expire(self, now: float):
-        """A deadline passed: handshake, request or write too slow, or idle too long."""
-        if self.write_deadline and now >= self.write_deadline:
-            _count_timeout("write")
-        elif self.state == READING or (self.state == BUSY and not self.answering.complete) or (
-                self.state == IDLE and not self.served):  # a first request never started counts too
-            _count_timeout("request")
-        elif self.state == HANDSHAKE:
-            _count_timeout("handshake")
-        self.abort()
+        """A deadline passed: handshake, request or write too slow (counted), or idle too long."""
+        late = self.state == READING or (self.state == BUSY and not self.answering.complete) or (
+            self.state == IDLE and not self.served)  # a first request never started counts too
+        stage = "write" if self.write_deadline and now >= self.write_deadline else "request" if late else (
+            "handshake" if self.state == HANDSHAKE else None)
+        if stage:
+            metrics.get().client_timeouts.labels(stage).inc()
+        self.close(abort=True)
 
-    def close(self):
+    def close(self, abort: bool = False):
         if self.transport is not None:
-            self.transport.close()
-        elif self.handshake is not None:
-            self.handshake.cancel()
-        self.gone()
-
-    def abort(self):
-        if self.transport is not None:
-            self.transport.abort()
+            self.transport.abort() if abort else self.transport.close()
         elif self.handshake is not None:
             self.handshake.cancel()
         self.gone()
@@ -635,79 +544,3 @@ class Connection(asyncio.Protocol):
         self.state, self.last = CLOSED, True
         self.deadline = self.write_deadline = 0.0
         self.site.worker.connections.discard(self)
-
-
-class AppThreads:
-    """The threads that run the WSGI app, fed whole requests through a queue; answers go back to the loop."""
-
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log):
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.loop, self.log = loop, log
-        self.threads = [threading.Thread(target=self._run, name=f"app-{i}", daemon=True) for i in range(max(1, n))]
-        for t in self.threads:
-            t.start()
-
-    def submit(self, conn: Connection, app: WSGIApp, environ: dict) -> None:
-        self.queue.put((conn, app, environ))
-
-    def stop(self) -> None:
-        for _ in self.threads:
-            self.queue.put(None)
-
-    def _run(self):
-        get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
-        while (item := get()) is not None:
-            conn, app, environ = item
-            answer = self.call(app, environ)
-            try:
-                call_soon(conn.respond, *answer)  # closed on the loop, once written
-            except RuntimeError:  # the loop is closed: the worker is exiting
-                _closed(answer[3], self.log)
-                return
-
-    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
-        """Run the app on the caller's thread: (status, headers, body, close), where `close` is the result's
-        (PEP 3333: called once the request is complete), to be called on the loop after the answer is
-        written, so the app's after-work (metrics, the log line) is off the client's clock. `passthrough`
-        exceptions reach the caller."""
-        started: list = []
-        written: list[bytes] = []
-
-        def start_response(status, headers, exc_info=None):
-            if exc_info and started:
-                raise exc_info[1].with_traceback(exc_info[2])
-            started[:] = [status, headers]
-            return written.append
-
-        close = None
-        try:
-            result = app(environ, start_response)
-            close = getattr(result, "close", None)
-            body = b"".join(result)
-            return started[0], started[1], b"".join(written) + body if written else body, close
-        except passthrough:
-            _closed(close, self.log)
-            raise
-        except Exception:
-            _closed(close, self.log)
-            self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
-            return "500 Internal Server Error", _JSON, _INTERNAL, None
-
-
-def _closed(close: Callable[[], object] | None, log) -> None:
-    """Call a WSGI result's close(); its faults are logged, never raised into the loop or a thread."""
-    if close is not None:
-        try:
-            close()
-        except Exception:
-            log.exception("Error closing a response")
-
-
-def _count_timeout(stage: str) -> None:
-    from . import metrics
-    metrics.get().client_timeouts.labels(stage).inc()
-
-
-def _count_bad(code: int) -> None:
-    from . import metrics
-    metrics.get().bad_requests.labels(str(code)).inc()
