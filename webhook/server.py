@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
@@ -102,22 +102,26 @@ class Answered(list):
 
 
 class ReviewLog:
-    """One JSON line per review on stderr, each written with a single os.write by a thread of its own.
+    """One JSON line per review on stderr, written by a thread of its own.
 
     Not through `logging`: its handler lock and LogRecord cost as much as the review itself under load
-    (measured with py-spy), and a write of under PIPE_BUF bytes is atomic, so lines from threads and
-    workers never interleave. `write` runs on the worker's event loop (in the review's close()): it only
-    puts the line in a bounded queue, so a stderr that stops taking lines (a pipe nobody reads) never
+    (measured with py-spy). `write` runs on the worker's event loop (in the review's close()): it only
+    appends the line to a bounded queue, so a stderr that stops taking lines (a pipe nobody reads) never
     blocks the loop; while the queue is full, lines are dropped and counted
-    (dispatch_admission_log_dropped_total).
+    (dispatch_admission_log_dropped_total). The writer wakes when lines arrive, lets more gather for
+    LINGER seconds (a wake-up per line costs more than the line), and writes them in batches of whole
+    lines under PIPE_BUF bytes: such a write is atomic, so lines from workers never interleave.
     """
 
     MAX_LINE = 4000
-    QUEUED = 1000  # lines waiting for stderr, at most (4 MB at the longest)
+    QUEUED = 1000   # lines waiting for stderr, at most (4 MB at the longest)
+    LINGER = 0.02
+    BATCH = 4096    # PIPE_BUF on Linux
 
     def __init__(self, enabled: bool, fd: int = 2, queued: int = QUEUED):
-        self.enabled, self.fd = enabled, fd
-        self.lines: queue.Queue[bytes] = queue.Queue(queued)
+        self.enabled, self.fd, self.queued = enabled, fd, queued
+        self.lines: deque[bytes] = deque()
+        self.waiting = threading.Event()
         self.dropped = metrics.get().log_dropped
         self.writer: threading.Thread | None = None
         self.starting = threading.Lock()
@@ -132,18 +136,34 @@ class ReviewLog:
                 if self.writer is None:
                     self.writer = threading.Thread(target=self._write, name="review-log", daemon=True)
                     self.writer.start()
-        try:
-            self.lines.put_nowait(line.encode() + b"\n")
-        except queue.Full:
+        if len(self.lines) >= self.queued:
             self.dropped.inc()
+            return
+        self.lines.append(line.encode() + b"\n")
+        if not self.waiting.is_set():
+            self.waiting.set()
 
     def _write(self) -> None:
+        lines = self.lines
         while True:
-            line = self.lines.get()
-            try:
-                os.write(self.fd, line)
-            except OSError:
-                pass  # stderr gone: never fail a review over a log line
+            self.waiting.wait()
+            time.sleep(self.LINGER)
+            self.waiting.clear()
+            batch = b""
+            while lines:
+                line = lines.popleft()
+                if len(batch) + len(line) > self.BATCH:
+                    self._out(batch)
+                    batch = b""
+                batch += line
+            self._out(batch)
+
+    def _out(self, data: bytes) -> None:
+        try:
+            if data:
+                os.write(self.fd, data)
+        except OSError:
+            pass  # stderr gone: never fail a review over a log line
 
 
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
