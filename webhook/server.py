@@ -8,6 +8,7 @@ requests to the app's threads; gunicorn's settings combine as webhook.gunicorn_c
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -124,6 +125,7 @@ class ReviewLog:
         self.waiting = threading.Event()
         self.dropped = metrics.get().log_dropped
         self.writer: threading.Thread | None = None
+        self.idle = True  # the writer has nothing in hand
         self.starting = threading.Lock()
 
     def write(self, fields: dict) -> None:
@@ -136,6 +138,7 @@ class ReviewLog:
                 if self.writer is None:
                     self.writer = threading.Thread(target=self._write, name="review-log", daemon=True)
                     self.writer.start()
+                    atexit.register(self.drain)
         if len(self.lines) >= self.queued:
             self.dropped.inc()
             return
@@ -146,7 +149,9 @@ class ReviewLog:
     def _write(self) -> None:
         lines = self.lines
         while True:
+            self.idle = True
             self.waiting.wait()
+            self.idle = False
             time.sleep(self.LINGER)
             self.waiting.clear()
             batch = b""
@@ -157,6 +162,13 @@ class ReviewLog:
                     batch = b""
                 batch += line
             self._out(batch)
+
+    def drain(self, timeout: float = 1.0) -> None:
+        """At the worker's exit: the lines still queued written, waiting at most `timeout` (stderr may be stalled)."""
+        deadline = time.monotonic() + timeout
+        self.waiting.set()
+        while (self.lines or not self.idle) and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _out(self, data: bytes) -> None:
         try:
