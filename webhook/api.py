@@ -25,7 +25,7 @@ from .core import patch
 from .core.admission import Admission, Enforcement, Verb
 from .core.errors import Denied, Reason, Sentinel
 from .core.rules import runtime_facts
-from .core.runtimes import Runtime, RuntimeIndex, RuntimeSource
+from .core.runtimes import GROUP, PLURALS, TRAINJOB_KIND, VERSION, Runtime, RuntimeIndex, RuntimeSource
 from .core.settings import Settings, parse, schema
 
 __all__ = ["CheckResult", "Denied", "Enforcement", "Reason", "Sentinel", "Settings", "capabilities", "check",
@@ -79,8 +79,8 @@ def _create_review(obj: dict, uid: str) -> dict:
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": uid,
-        "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
-        "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "kind": {"group": GROUP, "version": VERSION, "kind": TRAINJOB_KIND},
+        "resource": {"group": GROUP, "version": VERSION, "resource": PLURALS[TRAINJOB_KIND]},
         "name": meta.get("name", ""), "namespace": meta.get("namespace") or "default",
         "operation": "CREATE", "object": obj, "dryRun": True}}
 

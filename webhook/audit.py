@@ -14,11 +14,9 @@ from typing import IO, Iterator
 
 from .core.admission import Admission
 from .core.audit import Finding, Verdict, judge_runtime, judge_trainjob
-from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex
+from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
 from .core.settings import Settings
 
-VERSION = "v1alpha1"
-PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes", "TrainJob": "trainjobs"}
 EXIT_OK, EXIT_FINDINGS = 0, 1
 
 
@@ -90,14 +88,14 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
         api = client.CustomObjectsApi(api_client(kubeconfig, prefer_kubeconfig=True))
     except Exception as e:
         raise ClusterUnreadable(f"{type(e).__name__}: {str(e)[:300]}") from None
-    runtimes = [r for kind in (CLUSTER_KIND, NAMESPACED_KIND) for items, _ in pages(api, kind, namespace, limit)
+    runtimes = [r for kind in KINDS for items, _ in pages(api, kind, namespace, limit)
                 for r in items]
     admission = Admission(settings, RuntimeIndex(runtimes))
     report = Report(output, out)
     for rt in runtimes:
         report.add(judge_runtime(admission, rt))
     with _progress(err) as bar:
-        for items, remaining in pages(api, "TrainJob", namespace, limit):
+        for items, remaining in pages(api, TRAINJOB_KIND, namespace, limit):
             if remaining is not None:
                 bar.total = bar.n + len(items) + remaining
             for job in items:

@@ -163,20 +163,9 @@ def cmd_certificates(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    import os
-    import tempfile
+    from . import metrics, server
 
-    # Before prometheus_client is first imported: workers write their metrics to files a scrape sums.
-    # The directory must exist and hold nothing from an earlier run (an emptyDir survives a restart).
-    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if metrics_dir:
-        os.makedirs(metrics_dir, exist_ok=True)
-        for stale in Path(metrics_dir).glob("*.db"):
-            stale.unlink()
-    else:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatch-admission-metrics-")
-    from . import server
-
+    metrics.start()  # in the master, before the workers fork: the families in multiprocess mode
     return server.run(args)
 
 

@@ -13,13 +13,11 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .core.runtimes import (CLUSTER_KIND, GROUP, NAMESPACED_KIND, Runtime, RuntimeIndex, RuntimeUnavailable, WouldBlock,
-                            key_of)
+from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Runtime, RuntimeIndex, RuntimeUnavailable,
+                            WouldBlock, key_of)
 
 log = logging.getLogger(__name__)
 
-VERSION = "v1alpha1"
-PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
 WATCH_SECONDS = 240
 LIST_PAGE = 500  # a page is parsed whole before its items are taken: smaller pages, a smaller peak
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
@@ -118,14 +116,14 @@ class Reflector:
                 if self.readiness:
                     self.readiness.replace(self.kind, items)
                 self.synced.set()
-                metrics.CACHE_SYNC.labels(self.kind).set_to_current_time()
-                metrics.CACHE_SIZE.labels(self.kind).set(len(items))
+                metrics.get().cache_sync.labels(self.kind).set_to_current_time()
+                metrics.get().cache_size.labels(self.kind).set(len(items))
                 self.backoff.reset()
                 self._watch(version)
             except Gone:
                 log.info("%s watch expired (410 Gone): relisting", self.kind)
             except Exception as e:  # API unreachable, bad answer: keep serving the cache, retry later
-                metrics.API_ERRORS.labels("list/watch", self.kind).inc()
+                metrics.get().api_errors.labels("list/watch", self.kind).inc()
                 delay = self.backoff.next()
                 log.warning("%s list/watch failed (%s): retrying in %.1fs", self.kind, e, delay)
                 self.sleep(delay)
@@ -149,7 +147,7 @@ class Reflector:
                     self.index.delete(obj)
                     if self.readiness:
                         self.readiness.delete(obj)
-                metrics.CACHE_SIZE.labels(self.kind).set(self.index.count(self.kind))
+                metrics.get().cache_size.labels(self.kind).set(self.index.count(self.kind))
                 if self.stopped.is_set():
                     return
             # A watch that ends normally (server timeout) resumes from the last version seen.
@@ -167,7 +165,7 @@ class ClusterRuntimes:
         self.clock = clock
         self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
         readiness = Readiness(can_carry) if can_carry else None
-        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in PLURALS}
+        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in KINDS}
         if start:
             for r in self.reflectors.values():
                 threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
@@ -203,7 +201,7 @@ class ClusterRuntimes:
     def _live_read(self, kind: str, namespace: str, name: str) -> Runtime | None:
         from kubernetes.client.exceptions import ApiException
 
-        metrics.API_REQUESTS.labels("get", kind).inc()
+        metrics.get().api_requests.labels("get", kind).inc()
         try:
             if kind == CLUSTER_KIND:
                 obj = self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
@@ -214,10 +212,10 @@ class ClusterRuntimes:
         except ApiException as e:
             if e.status == 404:
                 return None
-            metrics.API_ERRORS.labels("get", kind).inc()
+            metrics.get().api_errors.labels("get", kind).inc()
             raise RuntimeUnavailable(f"the API server answered {e.status} {e.reason}") from None
         except Exception as e:
-            metrics.API_ERRORS.labels("get", kind).inc()
+            metrics.get().api_errors.labels("get", kind).inc()
             raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
         obj = slim(obj, kind)
         self.index.put(obj)
@@ -229,7 +227,7 @@ class ClusterRuntimes:
         items: list[dict] = []
         token, version = None, ""
         while True:
-            metrics.API_REQUESTS.labels("list", kind).inc()
+            metrics.get().api_requests.labels("list", kind).inc()
             kw = {"_continue": token} if token else {}
             got = self.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], limit=LIST_PAGE,
                                                       _request_timeout=(5, 30), **kw)
@@ -244,7 +242,7 @@ class ClusterRuntimes:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        metrics.API_REQUESTS.labels("watch", kind).inc()
+        metrics.get().api_requests.labels("watch", kind).inc()
         w = watch.Watch()
         try:
             for event in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURALS[kind],

@@ -147,12 +147,12 @@ class ConfigMapSettings(LiveSettings):
         return data[self.key].encode()
 
     def read_text(self) -> bytes:
-        metrics.API_REQUESTS.labels("get", "ConfigMap").inc()
+        metrics.get().api_requests.labels("get", "ConfigMap").inc()
         try:
             got = self.core.read_namespaced_config_map(self.name, self.namespace, _request_timeout=READ_TIMEOUT,
                                                        _preload_content=False)
         except Exception:
-            metrics.API_ERRORS.labels("get", "ConfigMap").inc()
+            metrics.get().api_errors.labels("get", "ConfigMap").inc()
             raise
         return self._text(json.loads(got.data))
 
@@ -162,7 +162,7 @@ class ConfigMapSettings(LiveSettings):
         selector = f"metadata.name={self.name}"
         while not self.stopped.is_set():
             try:
-                metrics.API_REQUESTS.labels("list", "ConfigMap").inc()
+                metrics.get().api_requests.labels("list", "ConfigMap").inc()
                 listed = self.core.list_namespaced_config_map(self.namespace, field_selector=selector,
                                                               _request_timeout=(5, 30), _preload_content=False)
                 doc = json.loads(listed.data)
@@ -170,7 +170,7 @@ class ConfigMapSettings(LiveSettings):
                 if items:
                     self._offer(items[0])
                 version = (doc.get("metadata") or {}).get("resourceVersion")
-                metrics.API_REQUESTS.labels("watch", "ConfigMap").inc()
+                metrics.get().api_requests.labels("watch", "ConfigMap").inc()
                 w = watch.Watch()
                 try:
                     for event in w.stream(self.core.list_namespaced_config_map, self.namespace,
@@ -186,7 +186,7 @@ class ConfigMapSettings(LiveSettings):
                     w.stop()
                 self.backoff.reset()
             except Exception as e:  # keep serving the settings in use; retry later
-                metrics.API_ERRORS.labels("list/watch", "ConfigMap").inc()
+                metrics.get().api_errors.labels("list/watch", "ConfigMap").inc()
                 delay = self.backoff.next()
                 log.warning(json.dumps({"msg": "settings watch failed", "source": self.where,
                                         "error": str(e)[:300], "retry_s": delay}))

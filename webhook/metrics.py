@@ -1,8 +1,11 @@
 """Prometheus metrics.
 
-Gunicorn runs several worker processes, so counters, histograms and the cache gauges use
-prometheus_client's multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set (`serve` sets it): a scrape
-answered by any worker reports the sum (or min/max) over the live workers.
+The families are made by `start()`, which `serve` calls at start-up in the gunicorn master (before it
+forks the workers), and not at import. Gunicorn runs several worker processes, so `start()` puts counters,
+histograms and the cache gauges in prometheus_client's multiprocess mode (files in
+PROMETHEUS_MULTIPROC_DIR, a fresh directory when unset): a scrape answered by any worker reports the sum
+(or min/max) over the live workers. `get()` answers the families, made single-process on first use where
+`start()` was never called (tests, the offline commands).
 
 Three families describe state every worker holds a full copy of (the serving certificate it loaded,
 the runtimes in its watch cache, whether its latest settings could be used) and are reported at scrape time by the worker that answers, from its
@@ -25,6 +28,7 @@ The names are a contract (alerts and the dashboard query them):
   and tenants cannot add series by creating runtimes)
 - dispatch_admission_certificate_not_after_seconds{certificate}     gauge, "serving" and "ca"
 - dispatch_admission_client_timeouts_total{stage}                    counter (SPEC 7 deadlines)
+- dispatch_admission_log_dropped_total                              counter (review log lines dropped: stderr stalled)
 - dispatch_admission_api_requests_total{verb,kind}, dispatch_admission_api_errors_total{verb,kind}
 - dispatch_admission_settings_valid                                 gauge 0/1 (SPEC 2.1)
 - dispatch_admission_settings_switches_total                        counter (settings taken while serving)
@@ -33,36 +37,89 @@ The names are a contract (alerts and the dashboard query them):
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
+from pathlib import Path
 from typing import Callable, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram,
-                               generate_latest, multiprocess)
+                               generate_latest, multiprocess, values)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-REVIEWS = Counter("dispatch_admission_reviews_total", "Admission reviews answered.",
-                  ["endpoint", "outcome", "sentinel"])
-LATENCY = Histogram("dispatch_admission_review_seconds", "Time to answer one admission review.", ["endpoint"],
-                    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-BAD_REQUESTS = Counter("dispatch_admission_bad_requests_total", "Requests refused before review (4xx).", ["code"])
-WOULD_DENY = Counter("dispatch_admission_would_deny_total",
-                     "Causes the enforce mode would have denied, admitted in warn mode (SPEC 8.1).",
-                     ["sentinel", "rule"])
-CACHE_SIZE = Gauge("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.", ["kind"],
-                   multiprocess_mode="livemax")
-CACHE_SYNC = Gauge("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
-                   "When the runtime cache last completed a list.", ["kind"], multiprocess_mode="max")
-CACHE_SYNCED = Gauge("dispatch_admission_runtime_cache_synced",
-                     "1 when the runtime cache has completed its first list (in every live worker), else 0.",
-                     ["kind"], multiprocess_mode="livemin")
-CLIENT_TIMEOUTS = Counter("dispatch_admission_client_timeouts_total",
-                          "Connections closed because the client was too slow: stage is handshake, request "
-                          "(head and body not sent in time) or write (the answer not read).", ["stage"])
-SETTINGS_SWITCHES = Counter("dispatch_admission_settings_switches_total",
-                            "New settings taken while serving, without a restart (SPEC 2.1).")
-API_REQUESTS = Counter("dispatch_admission_api_requests_total", "Requests to the Kubernetes API.", ["verb", "kind"])
-API_ERRORS = Counter("dispatch_admission_api_errors_total", "Failed requests to the Kubernetes API.", ["verb", "kind"])
+
+class Metrics:
+    """The webhook's metric families, registered in `registry`."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY):
+        r = registry
+        self.reviews = Counter("dispatch_admission_reviews_total", "Admission reviews answered.",
+                               ["endpoint", "outcome", "sentinel"], registry=r)
+        self.latency = Histogram("dispatch_admission_review_seconds", "Time to answer one admission review.",
+                                 ["endpoint"], registry=r,
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.bad_requests = Counter("dispatch_admission_bad_requests_total", "Requests refused before review (4xx).",
+                                    ["code"], registry=r)
+        self.would_deny = Counter("dispatch_admission_would_deny_total",
+                                  "Causes the enforce mode would have denied, admitted in warn mode (SPEC 8.1).",
+                                  ["sentinel", "rule"], registry=r)
+        self.cache_size = Gauge("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.", ["kind"],
+                                multiprocess_mode="livemax", registry=r)
+        self.cache_sync = Gauge("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+                                "When the runtime cache last completed a list.", ["kind"], multiprocess_mode="max",
+                                registry=r)
+        self.cache_synced = Gauge("dispatch_admission_runtime_cache_synced",
+                                  "1 when the runtime cache has completed its first list (in every live worker), else 0.",
+                                  ["kind"], multiprocess_mode="livemin", registry=r)
+        self.client_timeouts = Counter("dispatch_admission_client_timeouts_total",
+                                       "Connections closed because the client was too slow: stage is handshake, "
+                                       "request (head and body not sent in time) or write (the answer not read).",
+                                       ["stage"], registry=r)
+        self.log_dropped = Counter("dispatch_admission_log_dropped_total",
+                                   "Review log lines dropped because stderr did not take them (its queue was full).",
+                                   registry=r)
+        self.settings_switches = Counter("dispatch_admission_settings_switches_total",
+                                         "New settings taken while serving, without a restart (SPEC 2.1).", registry=r)
+        self.api_requests = Counter("dispatch_admission_api_requests_total", "Requests to the Kubernetes API.",
+                                    ["verb", "kind"], registry=r)
+        self.api_errors = Counter("dispatch_admission_api_errors_total", "Failed requests to the Kubernetes API.",
+                                  ["verb", "kind"], registry=r)
+
+
+_families: Metrics | None = None
+_directory: str | None = None  # multiprocess mode's files; None: one process
+_lock = threading.Lock()
+
+
+def start(directory: str | None = None) -> Metrics:
+    """At `serve`'s start-up, before workers fork: the families in multiprocess mode, in `directory` (or
+    PROMETHEUS_MULTIPROC_DIR, else a fresh temporary one), made if absent and emptied of an earlier run's
+    files (an emptyDir survives a container restart)."""
+    global _families, _directory
+    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="dispatch-admission-metrics-")
+    os.makedirs(directory, exist_ok=True)
+    for stale in Path(directory).glob("*.db"):
+        stale.unlink()
+    with _lock:
+        if _families is not None:
+            raise RuntimeError("metrics.start() called after the metric families were made")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # for the workers' exit hook (mark_process_dead)
+        values.ValueClass = values.get_value_class()  # the library's own choice, made again now the variable is set
+        _directory = directory
+        _families = Metrics()
+    return _families
+
+
+def get() -> Metrics:
+    """The families: those start() made, else single-process ones made now (tests, offline commands)."""
+    global _families
+    if _families is None:
+        with _lock:
+            if _families is None:
+                REGISTRY.register(STATE)
+                _families = Metrics()
+    return _families
 
 
 # ---- state reported by the worker that answers the scrape ----
@@ -146,15 +203,13 @@ class _State(Collector):
 
 
 STATE = _State()
-_multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-if not _multiprocess:
-    REGISTRY.register(STATE)
 
 
 def exposition() -> tuple[bytes, str]:
-    if _multiprocess:
+    if _directory is not None:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry, path=_directory)
         registry.register(STATE)
         return generate_latest(registry), CONTENT_TYPE_LATEST
+    get()
     return generate_latest(), CONTENT_TYPE_LATEST

@@ -10,11 +10,14 @@ requests to the app's threads; gunicorn's settings combine as webhook.gunicorn_c
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
@@ -30,12 +33,12 @@ from .core.runtimes import RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
 from .live_settings import LiveSettings
+from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
+from .wsgi import error_body
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
 
-DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
-DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEV_BIND = "127.0.0.1:8443"
 
 
@@ -76,41 +79,13 @@ def _json(body: dict, code: int) -> Response:
 
 
 def _error_body(code: int, message: str) -> bytes:
-    metrics.BAD_REQUESTS.labels(str(code)).inc()
-    return _dumps({"error": message, "code": code})
+    """A request refused before review: counted, and answered with the worker's error body."""
+    metrics.get().bad_requests.labels(str(code)).inc()
+    return error_body(code, message)
 
 
 def _error(code: int, message: str) -> Response:
     return Response(_error_body(code, message), status=code, mimetype="application/json")
-
-
-DRAIN_LIMIT = 64 * 1024 * 1024
-
-
-def _drain(stream) -> None:
-    """Read and drop what is left of the body (bounded), so the client reads our 413 instead of a reset."""
-    left = DRAIN_LIMIT
-    try:
-        while stream is not None and left > 0:
-            chunk = stream.read(min(65536, left))
-            if not chunk:
-                break
-            left -= len(chunk)
-    except Exception:  # the client went away: nothing more to do
-        pass
-
-
-def _read_body(stream, content_length: int | None, max_body: int) -> bytes | None:
-    """The whole body, or None when it is over `max_body` (a chunked body has no length to check first)."""
-    if content_length is not None:
-        return stream.read(content_length)
-    parts, size = [], 0
-    while chunk := stream.read(65536):
-        size += len(chunk)
-        if size > max_body:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
@@ -131,25 +106,77 @@ class Answered(list):
 
 
 class ReviewLog:
-    """One JSON line per review on stderr, written with a single os.write.
+    """One JSON line per review on stderr, written by a thread of its own.
 
     Not through `logging`: its handler lock and LogRecord cost as much as the review itself under load
-    (measured with py-spy), and a write of under PIPE_BUF bytes is atomic, so lines from threads and
-    workers never interleave.
+    (measured with py-spy). `write` runs on the worker's event loop (in the review's close()): it only
+    appends the line to a bounded queue, so a stderr that stops taking lines (a pipe nobody reads) never
+    blocks the loop; while the queue is full, lines are dropped and counted
+    (dispatch_admission_log_dropped_total). The writer wakes when lines arrive, lets more gather for
+    LINGER seconds (a wake-up per line costs more than the line), and writes them in batches of whole
+    lines under PIPE_BUF bytes: such a write is atomic, so lines from workers never interleave.
     """
 
     MAX_LINE = 4000
+    QUEUED = 1000   # lines waiting for stderr, at most (4 MB at the longest)
+    LINGER = 0.02
+    BATCH = 4096    # PIPE_BUF on Linux
 
-    def __init__(self, enabled: bool, fd: int = 2):
-        self.enabled, self.fd = enabled, fd
+    def __init__(self, enabled: bool, fd: int = 2, queued: int = QUEUED):
+        self.enabled, self.fd, self.queued = enabled, fd, queued
+        self.lines: deque[bytes] = deque()
+        self.waiting = threading.Event()
+        self.dropped = metrics.get().log_dropped
+        self.writer: threading.Thread | None = None
+        self.idle = True  # the writer has nothing in hand
+        self.starting = threading.Lock()
 
     def write(self, fields: dict) -> None:
         line = json.dumps(fields, separators=(", ", ": "))
         if len(line) > self.MAX_LINE:
             fields = {**fields, "message": fields.get("message", "")[: self.MAX_LINE // 2] + "..."}
             line = json.dumps(fields, separators=(", ", ": "))[: self.MAX_LINE]
+        if self.writer is None:  # started on first use: in the worker, after fork
+            with self.starting:
+                if self.writer is None:
+                    self.writer = threading.Thread(target=self._write, name="review-log", daemon=True)
+                    self.writer.start()
+                    atexit.register(self.drain)
+        if len(self.lines) >= self.queued:
+            self.dropped.inc()
+            return
+        self.lines.append(line.encode() + b"\n")
+        if not self.waiting.is_set():
+            self.waiting.set()
+
+    def _write(self) -> None:
+        lines = self.lines
+        while True:
+            self.idle = True
+            self.waiting.wait()
+            self.idle = False
+            time.sleep(self.LINGER)
+            self.waiting.clear()
+            batch = b""
+            while lines:
+                line = lines.popleft()
+                if len(batch) + len(line) > self.BATCH:
+                    self._out(batch)
+                    batch = b""
+                batch += line
+            self._out(batch)
+
+    def drain(self, timeout: float = 1.0) -> None:
+        """At the worker's exit: the lines still queued written, waiting at most `timeout` (stderr may be stalled)."""
+        deadline = time.monotonic() + timeout
+        self.waiting.set()
+        while (self.lines or not self.idle) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _out(self, data: bytes) -> None:
         try:
-            os.write(self.fd, line.encode() + b"\n")
+            if data:
+                os.write(self.fd, data)
         except OSError:
             pass  # stderr gone: never fail a review over a log line
 
@@ -171,7 +198,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
     if live is not None:
         def switched(new: Settings) -> None:
             if admission.switch(new):
-                metrics.SETTINGS_SWITCHES.inc()
+                metrics.get().settings_switches.inc()
                 log.info(json.dumps({"msg": "settings switched", "source": live.where, "manager": new.manager,
                                      "publish": new.publish.image if new.publish else None,
                                      "via": new.publish.via if new.publish else None,
@@ -181,7 +208,8 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 
         live.start(switched)
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
-    latency = {v: metrics.LATENCY.labels(v.value) for v in Verb}
+    families = metrics.get()
+    latency = {v: families.latency.labels(v.value) for v in Verb}
 
     def answer(verb: Verb, environ: dict) -> tuple[int, bytes, Callable[[], None] | None]:
         """(HTTP status, JSON body, the review's accounting) for one review request. The accounting (metrics,
@@ -191,15 +219,10 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
         if mimetype != "application/json":
             return 415, _error_body(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}"), None
-        stream = environ["wsgi.input"]
-        content_length = get_content_length(environ)
-        if content_length is not None and content_length > max_body:
-            _drain(stream)
+        content_length = get_content_length(environ) or 0  # the worker hands whole bodies, with their length
+        if content_length > max_body:
             return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
-        body = _read_body(stream, content_length, max_body)
-        if body is None:
-            _drain(stream)
-            return 413, _error_body(413, f"the body is over the limit of {max_body} bytes"), None
+        body = environ["wsgi.input"].read(content_length)
         try:
             doc = _loads(body)
         except (ValueError, RecursionError) as e:
@@ -215,10 +238,10 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 
         def account() -> None:
             latency[verb].observe(elapsed)
-            metrics.REVIEWS.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+            families.reviews.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
             would_deny = outcome.would_deny
             for sentinel, rule in would_deny:
-                metrics.WOULD_DENY.labels(sentinel, rule).inc()
+                families.would_deny.labels(sentinel, rule).inc()
             if outcome.intercepted and review_log.enabled:
                 review_log.write({
                     "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,
@@ -240,7 +263,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         try:
             code, body, account = answer(verb, environ)
         except WouldBlock:
-            raise  # the worker runs it again on a thread that may block (see worker.Connection.dispatch)
+            raise  # the worker runs it again on a thread that may block (see worker.Connection._dispatch)
         except Exception:  # a fault of ours; the worker lives on
             log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
             code, body, account = 500, INTERNAL, None
@@ -398,7 +421,7 @@ def _runtime_source(opts: _Options, current: Callable[[], Settings]) -> RuntimeS
         for runtime in index:
             metrics.set_runtime_ready(*key_of(runtime), can_carry(runtime))
         for kind in KINDS:
-            metrics.CACHE_SYNCED.labels(kind).set(1)  # files are read whole before serving
+            metrics.get().cache_synced.labels(kind).set(1)  # files are read whole before serving
         return index
     import threading
 
@@ -406,11 +429,11 @@ def _runtime_source(opts: _Options, current: Callable[[], Settings]) -> RuntimeS
 
     source = ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
     for kind, reflector in source.reflectors.items():
-        metrics.CACHE_SYNCED.labels(kind).set(0)
+        metrics.get().cache_synced.labels(kind).set(0)
 
         def synced(kind=kind, event=reflector.synced) -> None:
             event.wait()
-            metrics.CACHE_SYNCED.labels(kind).set(1)
+            metrics.get().cache_synced.labels(kind).set(1)
 
         threading.Thread(target=synced, name=f"synced-{kind}", daemon=True).start()
     return source

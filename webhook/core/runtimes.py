@@ -25,6 +25,9 @@ GROUP = "trainer.kubeflow.org"
 CLUSTER_KIND = "ClusterTrainingRuntime"
 NAMESPACED_KIND = "TrainingRuntime"
 KINDS = (CLUSTER_KIND, NAMESPACED_KIND)
+TRAINJOB_KIND = "TrainJob"
+VERSION = "v1alpha1"  # the Trainer API version read and reviewed
+PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes", TRAINJOB_KIND: "trainjobs"}
 
 Key = tuple[str, str, str]  # (kind, namespace or "", name)
 

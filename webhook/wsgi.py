@@ -1,0 +1,102 @@
+"""The app side of the worker (webhook.worker): threads that run a WSGI app on whole requests, the app's
+result read per PEP 3333 (its close() handed back, to be called once the answer is written), and the
+HTTP/1.1 response head the worker writes for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+from typing import Any, Callable
+
+WSGIApp = Callable[[dict, Callable], Any]
+Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers, body, the result's close()
+
+
+def error_body(code: int, message: str) -> bytes:
+    """The JSON error every refusal carries, the worker's and the app's: {"error": ..., "code": ...}."""
+    return json.dumps({"error": message, "code": code}, separators=(",", ":")).encode()
+
+
+JSON = [("Content-Type", "application/json")]
+INTERNAL = error_body(500, "internal error")
+_HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length"))
+
+
+def response_head(status: str, headers: list[tuple[str, str]], length: int, keep: bool) -> bytes:
+    """The response head, written by the worker: the app's headers are checked for what could split the
+    response (CR, LF) and framing is the worker's (Content-Length, Connection) whatever the app said."""
+    lines = ["HTTP/1.1 ", status, "\r\n"]
+    for name, value in headers:
+        if name.lower() in _HOP_BY_HOP:
+            continue
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
+            raise ValueError(f"header {name[:40]!r} has a line break or a colon")
+        lines += (name, ": ", value, "\r\n")
+    lines.append(f"Content-Length: {length}\r\n\r\n" if keep else f"Content-Length: {length}\r\nConnection: close\r\n\r\n")
+    return "".join(lines).encode("latin-1")
+
+
+class AppThreads:
+    """The threads that run the WSGI app, fed whole requests through a queue; answers go back to the loop."""
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop, self.log = loop, log
+        self.threads = [threading.Thread(target=self._run, name=f"app-{i}", daemon=True) for i in range(max(1, n))]
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        for _ in self.threads:
+            self.queue.put(None)
+
+    def _run(self):  # answers go to conn.respond, on the loop
+        get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
+        while (item := get()) is not None:
+            conn, app, environ = item
+            answer = self.call(app, environ)
+            try:
+                call_soon(conn.respond, *answer)  # closed on the loop, once written
+            except RuntimeError:  # the loop is closed: the worker is exiting
+                close_result(answer[3], self.log)
+                return
+
+    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
+        """Run the app on the caller's thread: (status, headers, body, close), where `close` is the result's
+        (PEP 3333: called once the request is complete), to be called on the loop after the answer is
+        written, so the app's after-work (metrics, the log line) is off the client's clock. `passthrough`
+        exceptions reach the caller."""
+        started: list = []
+        written: list[bytes] = []
+
+        def start_response(status, headers, exc_info=None):
+            if exc_info and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return written.append
+
+        close = None
+        try:
+            result = app(environ, start_response)
+            close = getattr(result, "close", None)
+            body = b"".join(result)
+            return started[0], started[1], b"".join(written) + body if written else body, close
+        except passthrough:
+            close_result(close, self.log)
+            raise
+        except Exception:
+            close_result(close, self.log)
+            self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
+            return "500 Internal Server Error", JSON, INTERNAL, None
+
+
+def close_result(close: Callable[[], object] | None, log) -> None:
+    """Call a WSGI result's close(); its faults are logged, never raised into the loop or a thread."""
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            log.exception("Error closing a response")
