@@ -6,12 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock
+.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock docs docs-check serve-docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,8 +27,22 @@ toolchain: install
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 
-test: install toolchain wrk
+test: install toolchain wrk docs-check
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The reference pages, the chart's README (helm-docs) and the chart's version, generated from the code.
+docs: install
+	$(PY) tools/gen_docs.py
+
+# Fails when a generated page differs from the code, or the site has a broken link or a page out of the nav.
+# (tests/unit/test_docs.py checks the same inside pytest; this step names the file to fix first.)
+docs-check: install
+	$(PY) tools/gen_docs.py --check
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/docs-site
+
+# The site on http://127.0.0.1:8000, rebuilt on every change.
+serve-docs: install
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)

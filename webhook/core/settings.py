@@ -130,13 +130,17 @@ def schema() -> dict:
                     "required": ["name", "secret", "mountPath"],
                     "properties": {
                         "name": {
+                            "description": "The volume's name: a unique DNS-1123 label, not dispatch-publish.",
                             "type": "string",
                             "maxLength": 63,
                             "pattern": DNS1123_LABEL,
                             "not": {"const": PUBLISH_VOLUME},
                         },
-                        "secret": {"type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
-                        "mountPath": {"type": "string", "pattern": "^/"},
+                        "secret": {"description": "The Secret's name, in the TrainJob's namespace.",
+                                   "type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
+                        "mountPath": {"description": "Absolute; overlapping neither /opt/dispatch (at, under or an"
+                                                     " ancestor of it) nor another credential's.",
+                                      "type": "string", "pattern": "^/"},
                     },
                 },
             },
