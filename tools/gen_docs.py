@@ -259,7 +259,7 @@ def differences(chart: bool = True) -> list[str]:
     for path, text in pages(chart).items():
         old = path.read_text() if path.exists() else ""
         if old != text:
-            rel = str(path.relative_to(ROOT))
+            rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
             found.append("".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
                                                       f"{rel} (committed)", f"{rel} (generated)")))
     return found
