@@ -38,11 +38,11 @@ docs: install
 # (tests/unit/test_docs.py checks the same inside pytest; this step names the file to fix first.)
 docs-check: install
 	$(PY) tools/gen_docs.py --check
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/docs-site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/docs-site
 
 # The site on http://127.0.0.1:8000, rebuilt on every change.
 serve-docs: install
-	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
