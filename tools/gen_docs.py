@@ -100,17 +100,17 @@ def errors_page() -> str:
            "## Sentinels\n\n",
            "In precedence order: with reasons of several sentinels, a denial's HTTP code and status reason come "
            "from the first in this table.\n\n",
-           "| sentinel | when | HTTP code | status reason | cause reason |\n|---|---|---|---|---|\n"]
+           "| sentinel | HTTP code | status reason | cause reason | when |\n|---|---|---|---|---|\n"]
     for s in errors.Sentinel:
-        out.append(f"| `{s.label}` | {_cell(errors.WHEN[s])} | {s.code} | {s.reason} | {s.cause_type} |\n")
+        out.append(f"| `{s.label}` | {s.code} | {s.reason} | {s.cause_type} | {_cell(errors.WHEN[s])} |\n")
     out += [f"\nA denial lists at most {errors.MAX_CAUSES} causes (the last says how many more were left out) and a "
             f"message of at most {errors.MAX_MESSAGE // 1024} KiB.\n\n",
             "## Rules\n\n",
             "Each reason carries the rule that found it: the `rule` label of "
             "`dispatch_admission_would_deny_total`.\n\n",
-            "| rule | refuses | sentinel |\n|---|---|---|\n"]
+            "| rule | sentinel | refuses |\n|---|---|---|\n"]
     for r in rule_table.RULES:
-        out.append(f"| {r.id} | {_cell(r.refuses)} | `{r.sentinel.label}` |\n")
+        out.append(f"| {r.id} | `{r.sentinel.label}` | {_cell(r.refuses)} |\n")
     out += ["\nThe other values of the `rule` label:\n\n| label | meaning |\n|---|---|\n"]
     for label, meaning in rule_table.OTHER_LABELS:
         out.append(f"| `{label}` | {_cell(meaning)} |\n")
