@@ -6,7 +6,7 @@
 
 What each page is made from:
 - docs/reference/settings.md   webhook/core/settings.py's JSON Schema (what `dispatch-admission settings schema` prints)
-- docs/reference/errors.md     webhook/core/errors.py (the sentinels) and webhook/core/rule_table.py (the rule ids)
+- docs/reference/errors.md     webhook/core/errors.py (the sentinels) and webhook/core/registry.py (the rules)
 - docs/reference/metrics.md    the metrics webhook/metrics.py defines
 - docs/reference/cli.md        the argparse parser of webhook/cli.py
 - charts/dispatch-admission/README.md and docs/reference/chart-values.md: helm-docs over the chart's values.yaml
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from webhook.core import errors, rule_table, settings  # noqa: E402
+from webhook.core import errors, registry, settings  # noqa: E402
 
 CHART = ROOT / "charts" / "dispatch-admission"
 REFERENCE = ROOT / "docs" / "reference"
@@ -94,7 +94,7 @@ def settings_page() -> str:
 # ---- errors and rules ----
 
 def errors_page() -> str:
-    out = [HEADER.format(source="webhook/core/errors.py and webhook/core/rule_table.py"),
+    out = [HEADER.format(source="webhook/core/errors.py and webhook/core/registry.py"),
            "# Error table and rules reference\n\n",
            "The page [Rules and the error table](../rules.md) explains them with examples.\n\n",
            "## Sentinels\n\n",
@@ -106,13 +106,14 @@ def errors_page() -> str:
     out += [f"\nA denial lists at most {errors.MAX_CAUSES} causes (the last says how many more were left out) and a "
             f"message of at most {errors.MAX_MESSAGE // 1024} KiB.\n\n",
             "## Rules\n\n",
-            "Each reason carries the rule that found it: the `rule` label of "
-            "`dispatch_admission_would_deny_total`.\n\n",
-            "| rule | sentinel | refuses |\n|---|---|---|\n"]
-    for r in rule_table.RULES:
-        out.append(f"| {r.id} | `{r.sentinel.label}` | {_cell(r.refuses)} |\n")
+            "The rule registry, `webhook/core/registry.py`. Each reason carries the rule that found it: the `rule` "
+            "label of `dispatch_admission_would_deny_total`.\n\n",
+            "| rule | SPEC | sentinel | refuses | reads | checked in |\n|---|---|---|---|---|---|\n"]
+    for r in registry.RULES:
+        reads = "; ".join(r.reads)
+        out.append(f"| `{r.id}` | {r.section} | `{r.sentinel.label}` | {_cell(r.refuses)} | {_cell(reads)} | `{r.where}` |\n")
     out += ["\nThe other values of the `rule` label:\n\n| label | meaning |\n|---|---|\n"]
-    for label, meaning in rule_table.OTHER_LABELS:
+    for label, meaning in registry.OTHER_LABELS:
         out.append(f"| `{label}` | {_cell(meaning)} |\n")
     return "".join(out)
 
