@@ -100,19 +100,24 @@ def errors_page() -> str:
            "## Sentinels\n\n",
            "In precedence order: with reasons of several sentinels, a denial's HTTP code and status reason come "
            "from the first in this table.\n\n",
-           "| sentinel | HTTP code | status reason | cause reason | when |\n|---|---|---|---|---|\n"]
+           "| sentinel | HTTP code | status reason | cause reason |\n|---|---|---|---|\n"]
     for s in errors.Sentinel:
-        out.append(f"| `{s.label}` | {s.code} | {s.reason} | {s.cause_type} | {_cell(errors.WHEN[s])} |\n")
+        out.append(f"| {s.label} | {s.code} | {s.reason} | {s.cause_type} |\n")
+    out.append("\n")
+    for s in errors.Sentinel:
+        out.append(f"- **{s.label}**: {errors.WHEN[s]}.\n")
     out += [f"\nA denial lists at most {errors.MAX_CAUSES} causes (the last says how many more were left out) and a "
             f"message of at most {errors.MAX_MESSAGE // 1024} KiB.\n\n",
             "## Rules\n\n",
             "The rule registry, `webhook/core/registry.py`. Each reason carries the rule that found it: the `rule` "
             "label of `dispatch_admission_would_deny_total`.\n\n",
-            "| rule | SPEC | sentinel | refuses | reads | checked in |\n|---|---|---|---|---|---|\n"]
+            "| rule | sentinel | SPEC |\n|---|---|---|\n"]
+    out += [f"| [{r.id}](#{r.id.lower()}) | {r.sentinel.label} | {r.section} |\n" for r in registry.RULES]
     for r in registry.RULES:
-        reads = "; ".join(r.reads)
-        out.append(f"| `{r.id}` | {r.section} | `{r.sentinel.label}` | {_cell(r.refuses)} | {_cell(reads)} | `{r.where}` |\n")
-    out += ["\nThe other values of the `rule` label:\n\n| label | meaning |\n|---|---|\n"]
+        reads = "; ".join(f"`{x}`" for x in r.reads)
+        out.append(f"\n### {r.id}\n\nRefuses {r.refuses}.\n\n"
+                   f"Sentinel `{r.sentinel.label}`; SPEC {r.section}; reads {reads}; checked in `{r.where}`.\n")
+    out += ["\n## Other values of the rule label\n\n| label | meaning |\n|---|---|\n"]
     for label, meaning in registry.OTHER_LABELS:
         out.append(f"| `{label}` | {_cell(meaning)} |\n")
     return "".join(out)
