@@ -6,12 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock
+.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock docs docs-check serve-docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,10 +27,26 @@ toolchain: install
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 
-# The rule sweep first (every rule switched off in turn must fail its tests; ~1-2 min), then every test.
-test: install toolchain wrk
+# The docs check first (seconds), then the rule sweep (every rule switched off in turn must fail its tests;
+# ~1-2 min), then every test.
+test: install toolchain wrk docs-check
 	$(PY) -m tests.sweep
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The reference pages, the chart's README (helm-docs) and the chart's version, generated from the code.
+docs: install
+	$(PY) tools/gen_docs.py
+
+# Fails when a generated page differs from the code, or the site has a broken link or a page out of the nav.
+# (tests/unit/test_docs.py checks the generated pages inside pytest too.) No --quiet: it hides the warnings
+# that --strict counts, and the build then passes.
+docs-check: install
+	$(PY) tools/gen_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/docs-site
+
+# The site on http://127.0.0.1:8000, rebuilt on every change.
+serve-docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)

@@ -160,6 +160,17 @@ def promtool_bin() -> Path:
     return _build(f"promtool-{PROMETHEUS}", gomod, [pkg], ldflags=ldflags, tags="remove_all_sd")
 
 
+HELM_DOCS = "v1.14.2"
+
+
+def helm_docs_bin() -> Path:
+    """helm-docs from github.com/norwoodj/helm-docs: the chart's README.md from values.yaml (tools/gen_docs.py)."""
+    pkg = "github.com/norwoodj/helm-docs/cmd/helm-docs"
+    gomod = (f"module dispatch-admission/e2e-helm-docs\n\ngo 1.26\n\nrequire github.com/norwoodj/helm-docs {HELM_DOCS}\n\n"
+             f"tool {pkg}\n")
+    return _build(f"helm-docs-{HELM_DOCS}", gomod, [pkg], ldflags=f"-s -w -X main.version={HELM_DOCS}")
+
+
 def trainer_bin() -> Path:
     """Trainer's controller manager (its controllers and webhooks), run out of cluster by the e2e suite."""
     pkg = "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
@@ -304,8 +315,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool"]
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
+                "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
                 "node": node_bins}
     for name in wanted:

@@ -31,6 +31,18 @@ ErrNotFound = Sentinel.ErrNotFound
 ErrUnavailable = Sentinel.ErrUnavailable
 ErrInternal = Sentinel.ErrInternal
 
+# When each sentinel is given, as the docs' error table says it (tests/unit/test_docs.py keeps the page equal).
+WHEN = {
+    ErrInvalid: "the object or the settings break a rule their author can fix: a mount under `/opt/dispatch`, a"
+                " reserved volume or env name, a forged or edited publish entry, a tag-referenced image",
+    ErrUnsupported: "well-formed, but the runtime cannot carry it: no `node` container, no init container (route 2),"
+                    " `numProcPerNode` on a runtime that ignores it, a runtime that mounts under `/opt/dispatch` or"
+                    " uses a reserved volume name, an unknown runtime kind or apiGroup, `runtimePatches` full",
+    ErrNotFound: "the named runtime does not exist",
+    ErrUnavailable: "the runtime cannot be read now (API unreachable, cache not synced); retry",
+    ErrInternal: "a fault of the webhook itself (the request is refused, never admitted unchecked)",
+}
+
 _PRECEDENCE = {s: i for i, s in enumerate(Sentinel)}
 
 # The `rule` of a reason that is no SPEC 5 rule (SPEC 8.1's metric label).

@@ -94,13 +94,15 @@ def schema() -> dict:
                 "default": DEFAULT_MANAGER,
             },
             "publish": {
-                "description": "Where the publish binary comes from. Absent: nothing is mounted at /opt/dispatch.",
+                "description": ("Where the publish binary comes from. Absent: nothing is mounted at /opt/dispatch, and"
+                                " every rule still holds."),
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["image"],
                 "properties": {
                     "image": {
-                        "description": "The publish image, NAME@sha256:<64 lower-case hex digits>, no tag.",
+                        "description": ("The publish image, NAME@sha256:<64 lower-case hex digits>, no tag (a registry port is"
+                                        " not a tag: host:5000/p@sha256:... and [fd00::1]:5000/p@sha256:... are fine)."),
                         "type": "string",
                         "pattern": images.PINNED_PATTERN,
                     },
@@ -110,7 +112,8 @@ def schema() -> dict:
                         "default": ROUTE_IMAGE_VOLUME,
                     },
                     "initContainer": {
-                        "description": "The runtime's init container that copies the binary (route 2 only).",
+                        "description": ("Route 2 only: the init container, defined by the runtime, that copies the binary to"
+                                        " $DISPATCH_PUBLISH_DEST."),
                         "type": "string",
                         "maxLength": 63,
                         "pattern": DNS1123_LABEL,
@@ -130,13 +133,17 @@ def schema() -> dict:
                     "required": ["name", "secret", "mountPath"],
                     "properties": {
                         "name": {
+                            "description": "The volume's name: a unique DNS-1123 label, not dispatch-publish.",
                             "type": "string",
                             "maxLength": 63,
                             "pattern": DNS1123_LABEL,
                             "not": {"const": PUBLISH_VOLUME},
                         },
-                        "secret": {"type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
-                        "mountPath": {"type": "string", "pattern": "^/"},
+                        "secret": {"description": "The Secret's name, in the TrainJob's namespace.",
+                                   "type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
+                        "mountPath": {"description": "Absolute; overlapping neither /opt/dispatch (at, under or an"
+                                                     " ancestor of it) nor another credential's.",
+                                      "type": "string", "pattern": "^/"},
                     },
                 },
             },
