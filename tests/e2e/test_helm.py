@@ -255,6 +255,7 @@ CONTEXTS = {
     "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget.minAvailable": {"replicaCount": 3},
     "podAntiAffinity": {},
+    "tests.verify.timeoutSeconds": {"tests": {"verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}},
 }
 PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 CHANGES = {
@@ -319,6 +320,7 @@ CHANGES = {
     "tests.runtimeRef.name": "other-runtime",
     "tests.runtimeRef.kind": "TrainingRuntime",
     "tests.labels": {"team": "ml"},
+    "tests.verify.runtime": "TrainingRuntime/other-runtime",
     "hooks.resources.requests.cpu": "20m",
     "hooks.resources.requests.memory": "48Mi",
     "hooks.resources.limits.memory": "128Mi",

@@ -179,21 +179,28 @@ def test_the_newest_live_pod_is_the_probe_pod():
 
 # ---- the probe ----
 
-def test_the_probe_runs_the_binary_on_one_node_with_labels_and_no_publish_entry():
-    job = v.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "torch", "run1", labels={"q": "a"})
+def test_the_probe_runs_the_binary_on_one_node_labelled_and_never_adds_the_publish_entry():
+    job = v.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "torch", "run1", labels={"q": "a"},
+                           jobs=["node"])
     assert job["spec"]["trainer"] == {"numNodes": 1, "command": ["/opt/dispatch/publish", "--help"]}
-    assert job["metadata"]["labels"] == {"q": "a", v.PROBE_LABEL: "probe", v.RUN_LABEL: "run1"}
-    assert "runtimePatches" not in job["spec"], "verify never adds the entry itself"
+    ours = {v.PROBE_LABEL: "probe", v.RUN_LABEL: "run1"}
+    assert job["metadata"]["labels"] == {"q": "a", **ours}
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                          "name": "torch"}
+    [entry] = job["spec"]["runtimePatches"]
+    assert entry["manager"] == v.VERIFY_MANAGER != MANAGER, "verify never adds the webhook's entry itself"
+    template = entry["trainingRuntimeSpec"]["template"]
+    assert template["metadata"] == {"labels": ours}, "Trainer copies these to the JobSet"
+    assert template["spec"]["replicatedJobs"] == [{"name": "node", "template": {"spec": {"template": {
+        "metadata": {"labels": ours}}}}}], "and these to the pods; nothing else (no volume, no mount)"
 
 
-def test_per_node_pins_every_job_with_an_entry_of_its_own_manager():
+def test_per_node_pins_every_job_in_the_entry_of_its_own_manager():
     node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "host-1"}}}
     job = v.probe_trainjob("verify-1", "ns", "TrainingRuntime", "t", "r", image="img", node=node,
                            jobs=["launcher", "node"])
     [entry] = job["spec"]["runtimePatches"]
-    assert entry["manager"] == v.PIN_MANAGER != MANAGER
+    assert entry["manager"] == v.VERIFY_MANAGER
     jobs = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert [j["name"] for j in jobs] == ["launcher", "node"]
     assert all(j["template"]["spec"]["template"]["spec"] == {"nodeSelector": {"kubernetes.io/hostname": "host-1"}}

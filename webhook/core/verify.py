@@ -25,8 +25,9 @@ DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
 # Labels every probe TrainJob carries: the first finds every probe ever made by verify, the second one run's.
 PROBE_LABEL = "dispatch.go.phpboyscout.uk/verify"
 RUN_LABEL = "dispatch.go.phpboyscout.uk/verify-run"
-# The runtimePatches entry verify writes itself (--per-node): the pin to a node, never the publish mount.
-PIN_MANAGER = "dispatch.go.phpboyscout.uk/verify"
+# The runtimePatches entry verify writes itself: its labels on the JobSet and pods, the pin to a node
+# (--per-node); never the publish mount.
+VERIFY_MANAGER = "dispatch.go.phpboyscout.uk/verify"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 NOT_EXECUTED = (126, 127)  # the shell's "found but cannot execute" and "not found"
@@ -94,22 +95,30 @@ def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: s
                    command: Iterable[str] = DEFAULT_COMMAND, image: str | None = None,
                    labels: dict[str, str] | None = None, node: dict | None = None,
                    jobs: Iterable[str] = ()) -> dict:
-    """The probe TrainJob: one node, the trainer command, labelled; pinned to `node` (a Node object) by an
-    entry of verify's own manager naming each of the runtime's replicated `jobs`."""
+    """The probe TrainJob: one node, the trainer command, labelled. Trainer copies no TrainJob label to the
+    JobSet or its pods, so an entry of verify's own manager puts the labels there (on the JobSet and on
+    each of the runtime's replicated `jobs`' pods) and, with `node` (a Node object), pins every pod to it.
+    Never the publish mount: that entry is the webhook's to add."""
     trainer: dict = {"numNodes": 1, "command": list(command)}
     if image:
         trainer["image"] = image
-    spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
-                  "trainer": trainer}
+    ours = {PROBE_LABEL: "probe", RUN_LABEL: run_id}
+    pod_spec: dict = {}
     if node is not None:
-        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) \
-            or node["metadata"]["name"]
-        spec["runtimePatches"] = [{"manager": PIN_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
-            "replicatedJobs": [{"name": job, "template": {"spec": {"template": {"spec": {
-                "nodeSelector": {HOSTNAME_LABEL: hostname}}}}}} for job in jobs]}}}}]
-    all_labels = {**(labels or {}), PROBE_LABEL: "probe", RUN_LABEL: run_id}
+        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) or node["metadata"]["name"]
+        pod_spec["nodeSelector"] = {HOSTNAME_LABEL: hostname}
+    patch_jobs = []
+    for job in jobs:
+        pod: dict = {"metadata": {"labels": dict(ours)}}
+        if pod_spec:
+            pod["spec"] = json.loads(json.dumps(pod_spec))
+        patch_jobs.append({"name": job, "template": {"spec": {"template": pod}}})
+    entry = {"manager": VERIFY_MANAGER, "trainingRuntimeSpec": {"template": {
+        "metadata": {"labels": dict(ours)}, "spec": {"replicatedJobs": patch_jobs}}}}
+    spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
+                  "trainer": trainer, "runtimePatches": [entry]}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": namespace, "labels": all_labels}, "spec": spec}
+            "metadata": {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}, "spec": spec}
 
 
 def runtime_jobs(runtime: dict) -> list[str]:
