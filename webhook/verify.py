@@ -288,6 +288,7 @@ class Verify:
         try:
             stored = self.cluster.create(namespace, doc)
         except ApiException as e:
+            self.attempted.remove(name)  # the API server answered: nothing was made
             message = _api_error(e)
             if "denied the request" in message:  # a webhook's refusal: this probe's answer
                 probe.status = core.refused(message)

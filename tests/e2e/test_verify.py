@@ -147,7 +147,7 @@ def test_route1_torch_runtime_ran_with_exit_code_and_output(batch):
     assert run.code == 0, run.out + run.err
     line = line_of(run)
     assert line.split()[1:3] == ["dispatch-e2e-node", "ran"], line
-    assert "ran /opt/dispatch/publish, exit code 0" in line
+    assert "ran, exit code 0" in line
     assert "output: publish ran from /opt/dispatch/publish | publish args: --help" in run.out
     assert "ok: node container mount: /opt/dispatch read-only" in run.out
     assert "ok: entry: as the settings produce it" in run.out

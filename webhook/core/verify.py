@@ -247,8 +247,8 @@ def _term_text(term: dict) -> str:
 
 def _pull_event(events: list[dict]) -> str:
     """The kubelet's latest pull failure, as its event says it (image volumes report only there)."""
-    found = [e for e in events if e.get("reason") in ("Failed", "ErrImagePull", "BackOff")
-             and "pull" in (e.get("message") or "").lower() and "image" in (e.get("message") or "").lower()]
+    found = [e for e in events if e.get("reason") == "Failed"
+             and (e.get("message") or "").startswith("Failed to pull image")]
     if not found:
         return ""
     found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
@@ -318,7 +318,7 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
     if term is not None:
         code = term.get("exitCode")
         if term.get("reason") in START_REASONS or code in NOT_EXECUTED:
-            return failed(Stage.STARTED, _term_text(term), exit_code=code, container=NODE_CONTAINER, previous=previous)
+            return failed(Stage.STARTED, _term_text(term), exit_code=code)
         return at(Stage.RAN, done=True, exit_code=code, container=NODE_CONTAINER, previous=previous)
     if waiting.get("reason") in START_REASONS:
         return failed(Stage.STARTED, f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": "))
@@ -509,8 +509,7 @@ def render_table(probes: list[Probe], deleted: bool = True) -> str:
             result = f"FAILED at {st.failure.stage.value}: {st.failure.message}"
             extra = [f"what to do: {st.failure.hint}"]
         else:
-            result = f"ran {PUBLISH_BINARY if st.container == NODE_CONTAINER else ''}".rstrip() + \
-                f", exit code {st.exit_code}"
+            result = f"ran, exit code {st.exit_code}"
             extra = []
         if p.output:
             extra.append("output: " + " | ".join(p.output.splitlines()[-OUTPUT_LINES:]))
