@@ -255,7 +255,7 @@ CONTEXTS = {
     "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget.minAvailable": {"replicaCount": 3},
     "podAntiAffinity": {},
-    "tests.verify.timeoutSeconds": {"tests": {"verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}},
+    "tests.verify.": {"tests": {"verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}},
 }
 PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 CHANGES = {
@@ -321,6 +321,9 @@ CHANGES = {
     "tests.runtimeRef.kind": "TrainingRuntime",
     "tests.labels": {"team": "ml"},
     "tests.verify.runtime": "TrainingRuntime/other-runtime",
+    "tests.verify.resources.requests.cpu": "75m",
+    "tests.verify.resources.requests.memory": "100Mi",
+    "tests.verify.resources.limits.memory": "256Mi",
     "hooks.resources.requests.cpu": "20m",
     "hooks.resources.requests.memory": "48Mi",
     "hooks.resources.limits.memory": "128Mi",
