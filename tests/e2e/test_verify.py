@@ -116,6 +116,27 @@ def wait_nothing_left(c, timeout: float = 0) -> dict:
         time.sleep(1)
 
 
+def wait_mutation(c, what: str, check) -> None:
+    """Until the API server's view of the webhook configurations has caught up with a swap: a server-side
+    dry-run create comes back as `check` wants (its informer trails the write by a moment)."""
+    probe = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+             "metadata": {"name": "swap-check", "namespace": NS}, "spec": {"runtimeRef": {"name": "torch-distributed"}}}
+    deadline = time.monotonic() + 60
+    while True:
+        got = c.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(probe), check=False)
+        if got.returncode == 0 and check(json.loads(got.stdout)):
+            return
+        assert time.monotonic() < deadline, f"the webhook configurations never {what}: {got.stdout[-2000:]}{got.stderr}"
+        time.sleep(0.5)
+
+
+def publish_image(job: dict) -> str | None:
+    for e in job["spec"].get("runtimePatches") or []:
+        if e["manager"] == MANAGER:
+            return json.dumps(e).split('"reference": "')[1].split('"')[0]
+    return None
+
+
 @pytest.fixture(scope="module")
 def batch(node_env):  # noqa: F811
     """The independent probes, all at once; their reports by name."""
@@ -133,7 +154,7 @@ def batch(node_env):  # noqa: F811
         "route2-empty": start(admin, "--runtime", "ClusterTrainingRuntime/torch-init-copies-nothing", "--namespace", NS,
                               "--label", route2, "--timeout", "240"),
         "unschedulable": start(admin, "--runtime", f"ClusterTrainingRuntime/{TOO_BIG}", "--namespace", NS,
-                               "--settings", r1, "--timeout", "15"),
+                               "--settings", r1, "--timeout", "30"),
         "per-node": start(admin, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
                           "--settings", r1, "--per-node", "--output", "json", "--keep", "--timeout", "240"),
         "missing": start(admin, "--runtime", "ClusterTrainingRuntime/no-such-runtime", "--namespace", NS),
@@ -178,7 +199,7 @@ def test_unschedulable_runtime_fails_at_scheduled_with_the_scheduler_reason(batc
     assert run.code == 1, run.out + run.err
     line = line_of(run)
     assert line.split()[1:3] == ["-", "admitted"], line
-    assert "FAILED at scheduled: not scheduled after 15s: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" \
+    assert "FAILED at scheduled: not scheduled after 30s: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" \
         in line, line
 
 
@@ -220,40 +241,6 @@ def test_the_batch_left_nothing_behind(batch, node_env):  # noqa: F811
 
 # ---- one at a time: the webhook configurations swapped, and a signal ----
 
-def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(node_env):  # noqa: F811
-    c, tmp = node_env.cluster, node_env.tmp
-    missing = node_env.images.publish.split("@")[0] + "@sha256:" + "0" * 64
-    settings = tmp / "missing-digest.json"
-    settings.write_text(json.dumps({"manager": MANAGER, "publish": {"image": missing}}))
-    with contextlib.ExitStack() as stack:
-        url, ca, log, proc = stack.enter_context(webhook_server(
-            tmp / "missing-digest", "--settings", str(settings), "--kubeconfig", c.kubeconfig,
-            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS["webhook missing-digest (node)"] = log
-        installed = [node_env.route1, node_env.route2]
-        stack.enter_context(webhooks_swapped(c, installed, [Webhook(url, ca, log, proc), node_env.route2]))
-        run = finish(start(c.kubeconfig, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
-                           "--settings", str(settings), "--timeout", "120"))
-    assert run.code == 1, run.out + run.err
-    line = line_of(run)
-    assert line.split()[2] == "scheduled" and "FAILED at pulled: " in line, line
-    assert missing in line and "not found" in line, line
-    assert "what to do: the node cannot pull the image: check that publish.image's digest exists" in run.out
-
-
-def test_webhook_not_installed_fails_at_admitted(node_env):  # noqa: F811
-    c = node_env.cluster
-    with webhooks_swapped(c, [node_env.route1, node_env.route2], None):
-        run = finish(start(c.kubeconfig, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
-                           "--timeout", "60"))
-    assert run.code == 1, run.out + run.err
-    line = line_of(run)
-    assert line.split()[1:3] == ["-", "-"], line
-    assert "FAILED at admitted: the stored TrainJob has no entry: the webhook did not mutate it" in line
-    assert "what to do: install the webhook" in run.out
-    assert wait_nothing_left(c) == {"trainjobs": [], "jobsets": [], "pods": []}
-
-
 def test_sigint_in_the_middle_leaves_nothing_behind(node_env):  # noqa: F811
     c = node_env.cluster
     proc = start(c.kubeconfig, "--runtime", f"ClusterTrainingRuntime/{TOO_BIG}", "--namespace", NS, "--timeout", "300")
@@ -272,3 +259,39 @@ def test_sigint_in_the_middle_leaves_nothing_behind(node_env):  # noqa: F811
     assert run.code == 130, run.out + run.err
     assert "FAILED at scheduled: interrupted by SIGINT" in line_of(run)
     assert left_behind(c) == {"trainjobs": [], "jobsets": [], "pods": []}, "verify exited with its probe still there"
+
+
+def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(node_env):  # noqa: F811
+    c, tmp = node_env.cluster, node_env.tmp
+    missing = node_env.images.publish.split("@")[0] + "@sha256:" + "0" * 64
+    settings = tmp / "missing-digest.json"
+    settings.write_text(json.dumps({"manager": MANAGER, "publish": {"image": missing}}))
+    with contextlib.ExitStack() as stack:
+        url, ca, log, proc = stack.enter_context(webhook_server(
+            tmp / "missing-digest", "--settings", str(settings), "--kubeconfig", c.kubeconfig,
+            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+        _LOGS["webhook missing-digest (node)"] = log
+        installed = [node_env.route1, node_env.route2]
+        stack.enter_context(webhooks_swapped(c, installed, [Webhook(url, ca, log, proc), node_env.route2]))
+        wait_mutation(c, "pointed at the missing-digest webhook", lambda job: publish_image(job) == missing)
+        run = finish(start(c.kubeconfig, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
+                           "--settings", str(settings), "--timeout", "120"))
+    assert run.code == 1, run.out + run.err
+    line = line_of(run)
+    assert line.split()[2] == "scheduled" and "FAILED at pulled: " in line, line
+    assert missing in line and "not found" in line, line
+    assert "what to do: the node cannot pull the image: check that publish.image's digest exists" in run.out
+
+
+def test_webhook_not_installed_fails_at_admitted(node_env):  # noqa: F811
+    c = node_env.cluster
+    with webhooks_swapped(c, [node_env.route1, node_env.route2], None):
+        wait_mutation(c, "went", lambda job: publish_image(job) is None)
+        run = finish(start(c.kubeconfig, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
+                           "--timeout", "60"))
+    assert run.code == 1, run.out + run.err
+    line = line_of(run)
+    assert line.split()[1:3] == ["-", "-"], line
+    assert "FAILED at admitted: the stored TrainJob has no entry: the webhook did not mutate it" in line
+    assert "what to do: install the webhook" in run.out
+    assert wait_nothing_left(c) == {"trainjobs": [], "jobsets": [], "pods": []}
