@@ -907,13 +907,13 @@ def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, t
 def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
     """tests.verify.runtime (docs/verify.md): a pod running `dispatch-admission verify` under its own
     ServiceAccount, with the RBAC verify needs and nothing more, all of it deleted when the test ends."""
-    assert not any(name.endswith("-verify") for _, name in rendered(helm, tmp_path, VALUE_SETS["route1"])), \
+    assert not any("-verify" in name for _, name in rendered(helm, tmp_path, VALUE_SETS["route1"])), \
         "off when tests.verify.runtime is empty"
     values = merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
                                            "tests": {"namespace": "team-a", "labels": {"kueue.x-k8s.io/queue-name": "q"},
                                                      "verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}})
     docs = rendered(helm, tmp_path, values)
-    name = f"{FULL}-verify"
+    name = f"{FULL}-verify-{NS}"  # every object named as the pod: helm test --logs reads a pod log per hook name
     pod = docs[("Pod", name)]
     assert pod["metadata"]["annotations"] == {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation"}
     assert pod["spec"]["serviceAccountName"] == name
@@ -928,12 +928,12 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
         {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create", "get", "delete", "watch"]},
         {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
-    assert docs[("ClusterRole", f"{name}-{NS}")]["rules"] == [
+    assert docs[("ClusterRole", name)]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
         {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"],
          "resourceNames": ["torch-distributed"], "verbs": ["get"]}]
     for kind, obj_name in (("ServiceAccount", name), ("Role", name), ("RoleBinding", name),
-                           ("ClusterRole", f"{name}-{NS}"), ("ClusterRoleBinding", f"{name}-{NS}")):
+                           ("ClusterRole", name), ("ClusterRoleBinding", name)):
         annotations = docs[(kind, obj_name)]["metadata"]["annotations"]
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded,hook-failed", kind
         assert int(annotations["helm.sh/hook-weight"]) < 0, kind
@@ -941,5 +941,5 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
     docs = rendered(helm, tmp_path, merged(values, {"tests": {"verify": {"runtime": "TrainingRuntime/mine"}}}))
     assert {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes"], "verbs": ["get"]} \
         in docs[("Role", name)]["rules"]
-    assert docs[("ClusterRole", f"{name}-{NS}")]["rules"] == [
+    assert docs[("ClusterRole", name)]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]

@@ -579,13 +579,13 @@ def test_helm_test_runs_verify_and_passes_on_a_good_runtime(inst):
                   "--set", "tests.verify.timeoutSeconds=180")
     got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "6m")
     print(got.stdout)
-    assert re.search(rf"TEST SUITE:\s+{FULL}-verify\s+Last Started:.*\s+Last Completed:.*\s+Phase:\s+Succeeded",
+    assert re.search(rf"TEST SUITE:\s+{FULL}-verify-{RNS}\s+Last Started:.*\s+Last Completed:.*\s+Phase:\s+Succeeded",
                      got.stdout), got.stdout
     assert "ok: 1 of 1 probes on ClusterTrainingRuntime/torch-distributed ran the binary" in got.stdout
     assert "ok: node container mount: /opt/dispatch read-only" in got.stdout
     for kind in ("serviceaccount", "role", "rolebinding"):  # the test's RBAC went with it
         ns = RNS if kind == "serviceaccount" else NS
-        assert inst.cluster.get(kind, f"{FULL}-verify", ns) is None, kind
+        assert inst.cluster.get(kind, f"{FULL}-verify-{RNS}", ns) is None, kind
     assert inst.cluster.get("clusterrole", f"{FULL}-verify-{RNS}") is None
 
 
@@ -599,11 +599,11 @@ def test_helm_test_verify_fails_on_a_route2_runtime_whose_init_container_copies_
         got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "6m", check=False)
         print(got.stdout[-4000:], got.stderr[-2000:])
         assert got.returncode != 0
-        assert re.search(rf"TEST SUITE:\s+{FULL}-verify\s+Last Started:.*\s+Last Completed:.*\s+Phase:\s+Failed",
+        assert re.search(rf"TEST SUITE:\s+{FULL}-verify-{RNS}\s+Last Started:.*\s+Last Completed:.*\s+Phase:\s+Failed",
                          got.stdout), got.stdout
         assert "FAILED at started: " in got.stdout and "no such file or directory" in got.stdout, got.stdout
         assert "what to do: route 2: the init container copied nothing to /opt/dispatch" in got.stdout
-        assert c.get("serviceaccount", f"{FULL}-verify", RNS) is None, "hook-failed deletes the test's RBAC"
+        assert c.get("serviceaccount", f"{FULL}-verify-{RNS}", RNS) is None, "hook-failed deletes the test's RBAC"
     finally:
         inst.helm_run("upgrade", RELEASE, str(CHART), "-n", RNS, "--reuse-values", "--wait", "--timeout", "5m",
                       "--set", "publish.via=imageVolume", "--set", "tests.runtimeRef.name=torch-distributed",
