@@ -14,6 +14,7 @@ from . import __version__, api
 from .core import settings as settings_mod
 from .core.admission import Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
+from .certs.context import DEFAULT_CIPHERS
 from .files import RuntimeFileError, load_runtimes, load_settings
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
@@ -151,6 +152,31 @@ def cmd_certs(args) -> int:
     return EXIT_OK
 
 
+def cmd_certificates(args) -> int:
+    import logging
+    import os
+    import time
+
+    from . import certs
+    from .cluster import api_client
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
+    controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
+                                             certs.service_names(args.tls_service, namespace),
+                                             args.webhook_configuration)
+    while True:
+        try:
+            controller.sync()
+        except Exception as e:  # the API refused or cannot be reached: the pods keep serving, try again
+            if args.once:
+                raise Unusable(f"{type(e).__name__}: {str(e)[:500]}") from None
+            print(json.dumps({"msg": "certificate sync failed", "error": str(e)[:300]}), file=sys.stderr)
+        if args.once:
+            return EXIT_OK
+        time.sleep(args.every)
+
+
 def cmd_serve(args) -> int:
     import os
     import tempfile
@@ -176,7 +202,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="serve /mutate, /validate and /runtimes over TLS with gunicorn")
-    s.add_argument("--settings", help="settings JSON file (default: the embedded example with --dev)")
+    s.add_argument("--settings", help="settings JSON file, followed while serving (default: the embedded example"
+                                      " with --dev)")
+    s.add_argument("--settings-configmap", metavar="NAMESPACE/NAME",
+                   help="read the settings from key settings.json of this ConfigMap and follow it through the API")
     s.add_argument("--cert-dir", help="directory with tls.crt and tls.key (default certs/ with --dev)")
     s.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8443 with --dev, else gunicorn's"
                    " configuration, else 0.0.0.0:8443)")
@@ -195,6 +224,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
                    help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
+    s.add_argument("--client-subject", action="append", metavar="CN",
+                   help="with --client-ca: accept a client certificate only when its subject common name is CN"
+                        " (repeatable; the API server's, e.g. kube-apiserver); checked on every connection")
+    s.add_argument("--tls-min-version", choices=["1.2", "1.3"], default="1.2",
+                   help="the oldest TLS version accepted (default 1.2: API servers built with older Go may not"
+                        " offer 1.3 to webhooks)")
+    s.add_argument("--tls-ciphers", default=DEFAULT_CIPHERS, metavar="LIST",
+                   help=f"TLS 1.2 cipher suites, OpenSSL syntax (default {DEFAULT_CIPHERS}: ECDHE with AES-GCM or"
+                        " ChaCha20-Poly1305); TLS 1.3's suites are not affected")
+    s.add_argument("--runtime-metric-labels", action="store_true",
+                   help="export dispatch_admission_runtime_ready per runtime (kind, namespace, name); default: only"
+                        " counts per kind, so /metrics names no tenant's runtimes")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info logs one line per review; warning and above only problems")
@@ -202,8 +243,23 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-secret", help="self-managed certificates: keep the CA and serving pair in this Secret")
     s.add_argument("--tls-service", default="dispatch-admission", help="the Service name the certificate is for")
     s.add_argument("--webhook-configuration", help="write the CA into this Mutating/ValidatingWebhookConfiguration")
+    s.add_argument("--tls-read-only", action="store_true",
+                   help="with --tls-secret: only read the pair, which `dispatch-admission certificates` issues; never"
+                        " create or write the Secret, nor the caBundle")
     s.add_argument("--namespace", help="namespace of the Secret and Service (default: $POD_NAMESPACE)")
     s.set_defaults(func=cmd_serve)
+
+    k = sub.add_parser("certificates", help="self-managed certificates' controller: keep a CA and serving pair in"
+                                            " the Secret and the CA in the webhook configurations' caBundle")
+    k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only)")
+    k.add_argument("--tls-service", required=True, help="the Service name the certificate is for")
+    k.add_argument("--webhook-configuration", required=True,
+                   help="the Mutating/ValidatingWebhookConfiguration name (and <name>-runtimes, when it exists)")
+    k.add_argument("--namespace", help="namespace of the Secret and Service (default: $POD_NAMESPACE)")
+    k.add_argument("--kubeconfig", help="default: in-cluster, then KUBECONFIG")
+    k.add_argument("--once", action="store_true", help="one sync, then exit (default: every --every seconds)")
+    k.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="time between syncs (default 10)")
+    k.set_defaults(func=cmd_certificates)
 
     r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
     r.add_argument("--settings", required=True)

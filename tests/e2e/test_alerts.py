@@ -159,6 +159,19 @@ def unit_tests(rules: dict) -> list[dict]:
     # ServiceMonitor, whose target label `namespace` is the webhook's; a ClusterTrainingRuntime has none).
     r = a["DispatchAdmissionRuntimeCannotCarryMount"]
     pod2 = 'pod="rel-dispatch-admission-6d5f-fghij",instance="10.1.0.8:8080"'
+    if "runtimes_cannot_carry" in r["expr"]:  # the default: counts per kind, no runtime named (metrics.runtimeLabels)
+        add(r["alert"], "fires per kind while every replica counts an unfit runtime",
+            [(f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="TrainingRuntime"}}', "2x10"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{pod2},kind="TrainingRuntime"}}', "1x10"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}', "0x10")],
+            [("4m", []), ("6m", [firing(r, {**ns, "kind": "TrainingRuntime"}, "1")])])
+        add(r["alert"], "quiet when fit, fixed, seen by one replica only, or another release's",
+            [(f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}', "0x10"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="TrainingRuntime"}}', "1 1 1 0 0 0 0 0 0 0"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{pod2},kind="TrainingRuntime"}}', "0x10"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{OTHER},kind="ClusterTrainingRuntime"}}', "3x10")],
+            [("9m", [])])
+        return _rest(tests, a, add, ns)
     add(r["alert"], "fires for each runtime every replica finds unfit",
         [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="TrainingRuntime",exported_namespace="team-a",name="torch-team"}}', "0x10"),
          (f'dispatch_admission_runtime_ready{{{SERIES},{pod2},kind="TrainingRuntime",exported_namespace="team-a",name="torch-team"}}', "0x10"),
@@ -171,6 +184,19 @@ def unit_tests(rules: dict) -> list[dict]:
         [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="torch-distributed"}}', "1x10"),
          (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="fixed"}}', "0 0 0 1 1 1 1 1 1 1"),
          (f'dispatch_admission_runtime_ready{{{OTHER},kind="ClusterTrainingRuntime",name="no-node"}}', "0x10")],
+        [("9m", [])])
+    return _rest(tests, a, add, ns)
+
+
+def _rest(tests, a, add, ns) -> list[dict]:
+    # The latest settings refused (SPEC 2.1): the last good ones are kept.
+    r = a["DispatchAdmissionSettingsInvalid"]
+    add(r["alert"], "fires 1m after a replica refuses its settings",
+        [(f'dispatch_admission_settings_valid{{{SERIES},{POD}}}', "1 1 1 0 0 0 0 0 0 0")],
+        [("3m", []), ("5m", [firing(r, {**ns, **POD_LABELS})])])
+    add(r["alert"], "quiet with good settings, a bad edit fixed within the minute, and other releases",
+        [(f'dispatch_admission_settings_valid{{{SERIES},{POD}}}', "1 1 0 1 1 1 1 1 1 1"),
+         (f'dispatch_admission_settings_valid{{{OTHER}}}', "0x10")],
         [("9m", [])])
 
     # Would-deny in warn mode.
@@ -202,11 +228,12 @@ def promtool_run(promtool, *args, cwd: Path) -> subprocess.CompletedProcess:
 def test_promtool_checks_the_rendered_rules(helm, promtool, tmp_path):
     rules = write_rules(helm, tmp_path)
     got = promtool_run(promtool, "check", "rules", str(rules), cwd=tmp_path)
-    assert got.returncode == 0 and "SUCCESS: 7 rules found" in got.stdout, got.stdout + got.stderr
+    assert got.returncode == 0 and "SUCCESS: 8 rules found" in got.stdout, got.stdout + got.stderr
 
 
-def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path):
-    rules_file = write_rules(helm, tmp_path)
+@pytest.mark.parametrize("runtime_labels", [False, True], ids=["counts", "runtime-labels"])
+def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path, runtime_labels):
+    rules_file = write_rules(helm, tmp_path, {"metrics": {"runtimeLabels": runtime_labels}})
     rules = yaml.safe_load(rules_file.read_text())
     tests = write_unit_tests(tmp_path, rules_file, rules)
     got = promtool_run(promtool, "test", "rules", str(tests), cwd=tmp_path)
@@ -216,7 +243,7 @@ def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path
 def test_each_alert_has_a_firing_and_a_quiet_unit_test(helm, tmp_path):
     rules = rendered_rules(helm, tmp_path)
     names = set(alert_rules(rules))
-    assert len(names) == 7
+    assert len(names) == 8
     fires, quiet = set(), set()
     for test in unit_tests(rules):
         for check in test["alert_rule_test"]:
@@ -244,7 +271,7 @@ def test_alerts_can_be_turned_off_and_retuned(helm, tmp_path):
         "selector": 'service="x"', "alerts": {"wouldDeny": {"enabled": False},
                                              "slowReviews": {"thresholdSeconds": 2.5, "for": "3m", "severity": "page"}}}})
     a = alert_rules(rules)
-    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 6
+    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 7
     slow = a["DispatchAdmissionSlowReviews"]
     assert slow["expr"].endswith("> 2.5") and slow["for"] == "3m" and slow["labels"] == {"severity": "page"}
     assert '{service="x"}' in slow["expr"]
@@ -310,16 +337,18 @@ def test_the_server_defines_the_contract_metrics():
     names = exported_metric_names()
     for name in ("dispatch_admission_reviews_total", "dispatch_admission_review_seconds_bucket",
                  "dispatch_admission_bad_requests_total", "dispatch_admission_would_deny_total",
-                 "dispatch_admission_runtime_ready", "dispatch_admission_runtime_cache_synced",
+                 "dispatch_admission_runtime_ready", "dispatch_admission_runtimes_cannot_carry",
+                 "dispatch_admission_runtime_cache_synced",
                  "dispatch_admission_runtime_cache_size", "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
                  "dispatch_admission_certificate_not_after_seconds", "dispatch_admission_api_requests_total",
-                 "dispatch_admission_api_errors_total"):
+                 "dispatch_admission_api_errors_total", "dispatch_admission_settings_valid"):
         assert name in names, name
 
 
-def test_alerts_name_only_metrics_the_server_exports(helm, tmp_path):
+@pytest.mark.parametrize("runtime_labels", [False, True], ids=["counts", "runtime-labels"])
+def test_alerts_name_only_metrics_the_server_exports(helm, tmp_path, runtime_labels):
     exported = exported_metric_names()
-    for name, rule in alert_rules(rendered_rules(helm, tmp_path)).items():
+    for name, rule in alert_rules(rendered_rules(helm, tmp_path, {"metrics": {"runtimeLabels": runtime_labels}})).items():
         used = metric_names(rule["expr"])
         assert used, name
         assert used <= exported | KSM_METRICS, (name, used - exported)

@@ -54,7 +54,8 @@ VALUE_SETS = {
     "warn": {"publish": {"image": IMAGE}, "enforcement": "warn"},
     "single-replica": {"publish": {"image": IMAGE}, "replicaCount": 1},
     "monitoring": {"publish": {"image": IMAGE}, "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
-                   "grafanaDashboard": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}}},
+                   "grafanaDashboard": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
+                   "networkPolicy": {"metricsNamespaces": ["monitoring"]}},
     "client-ca": {"publish": {"image": IMAGE}, "clientCA": {"pem": PEM}},
     "openshift": {"publish": {"image": IMAGE},
                   "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None}},
@@ -149,7 +150,19 @@ def test_lint_and_template(helm, tmp_path, name):
         assert not any(a.startswith(("--tls-secret", "--webhook-configuration")) for a in args)
     else:
         assert ("Secret", f"{FULL}-tls") in docs and "data" not in docs[("Secret", f"{FULL}-tls")]
-        assert f"--webhook-configuration={FULL}" in args
+        # Issued by the certificate controller; the webhook pods only read the Secret.
+        controller = docs[("Deployment", f"{FULL}-certs")]["spec"]["template"]["spec"]
+        assert f"--webhook-configuration={FULL}" in controller["containers"][0]["args"]
+        assert "--tls-read-only" in args and not any(a.startswith("--webhook-configuration") for a in args)
+    # Failing well: a TrainJob being deleted is never sent, nor an opted-out namespace; a short timeout.
+    for hook in (mutating, validating):
+        assert hook["matchConditions"] == [{"name": "not-being-deleted",
+                                            "expression": "!has(object.metadata.deletionTimestamp)"}]
+        assert {"key": "dispatch-admission.io/ignore", "operator": "DoesNotExist"} in \
+            hook["namespaceSelector"]["matchExpressions"]
+        assert hook["timeoutSeconds"] <= 5
+    # Closed by default: a NetworkPolicy (the metrics port opened only where the values say).
+    assert ("NetworkPolicy", FULL) in docs
     if name in ("credentials", "monitoring"):
         assert ("ServiceMonitor", FULL) in docs
     if name == "credentials":
@@ -248,8 +261,10 @@ CONTEXTS = {
     "publish.via": {"publish": {"image": IMAGE}},
     "publish.initContainer": {"publish": {"image": IMAGE, "via": "initContainer"}},
     "clientCA.key": {"clientCA": {"existingConfigMap": "api-ca"}},
+    "clientCA.allowedSubjects": {"clientCA": {"pem": PEM}},
     "certificates.certManager.": CM,
-    "metrics.serviceMonitor.": {"metrics": {"serviceMonitor": {"enabled": True}}},
+    "metrics.serviceMonitor.": {"metrics": {"serviceMonitor": {"enabled": True}},
+                                "networkPolicy": {"metricsNamespaces": ["monitoring"]}},
     "networkPolicy.": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}},
     "prometheusRule.": {"prometheusRule": {"enabled": True}},
     "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
@@ -277,11 +292,18 @@ CHANGES = {
     "webhook.validating.failurePolicy": "Ignore",
     "webhook.excludeNamespaces": ["skipped"],
     "webhook.objectSelector": {"matchLabels": {"a": "b"}},
+    "webhook.ignoreNamespaceLabel": "example.com/no-dispatch",
     "webhook.url": "https://127.0.0.1:9443",
     "webhook.caBundle": "QUJD",
     "clientCA.pem": PEM,
     "clientCA.existingConfigMap": "api-ca",
     "clientCA.key": "front-proxy.crt",
+    "clientCA.allowedSubjects": ["kube-apiserver", "kube-apiserver-2"],
+    "tls.minVersion": "1.3",
+    "tls.ciphers": "ECDHE+AESGCM",
+    "certificates.controller.resources.requests.cpu": "20m",
+    "certificates.controller.resources.requests.memory": "64Mi",
+    "certificates.controller.resources.limits.memory": "128Mi",
     "certificates.secretName": "my-tls",
     "certificates.certManager.issuerRef": {"name": "ca", "kind": "ClusterIssuer"},
     "certificates.certManager.duration": "2160h",
@@ -310,6 +332,7 @@ CHANGES = {
     "networkPolicy.apiServerCIDRs": ["192.168.0.0/16"],
     "networkPolicy.extraFrom": PEER,
     "networkPolicy.metricsFrom": PEER,
+    "networkPolicy.metricsNamespaces": ["monitoring"],
     "prometheusRule.labels": {"release": "kps"},
     "prometheusRule.selector": 'service="x"',
     "prometheusRule.kubeStateMetricsSelector": 'job="kube-state-metrics"',
@@ -419,8 +442,10 @@ def test_deployment_is_hardened(helm, tmp_path):
     assert c["readinessProbe"]["periodSeconds"] == 5
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert "podAntiAffinity" in pod["affinity"] and c["resources"]["requests"]
-    mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["settings"]["readOnly"] is True
+    # the settings are read through the API (SPEC 2.1), not mounted; a change of them rolls no pod
+    assert f"--settings-configmap={NS}/{FULL}-settings" in c["args"]
+    assert "settings" not in {m["name"] for m in c["volumeMounts"]}
+    assert not any(k.startswith("checksum/settings") for k in dep["spec"]["template"]["metadata"].get("annotations") or {})
 
 
 def test_openshift_can_drop_the_fixed_ids(helm, tmp_path):
@@ -462,7 +487,7 @@ def test_labels_and_names(helm, tmp_path):
     for (kind, name), doc in docs.items():
         labels = doc["metadata"]["labels"]
         assert labels["helm.sh/chart"] == "dispatch-admission-0.1.0", (kind, name)
-        assert labels["app.kubernetes.io/component"] in ("webhook", "test", "pre-delete"), (kind, name)
+        assert labels["app.kubernetes.io/component"] in ("webhook", "test", "pre-delete", "certificates"), (kind, name)
         assert labels["app.kubernetes.io/managed-by"] == "Helm" and labels["app.kubernetes.io/instance"] == "rel"
     pod_labels = webhook_pod(docs)["metadata"]["labels"]
     assert pod_labels["team"] == "ml" and pod_labels["app.kubernetes.io/component"] == "webhook"
@@ -522,6 +547,38 @@ def test_metrics_have_a_port_of_their_own(helm, tmp_path):
     assert got.returncode != 0 and "networkPolicy.metricsFrom" in got.stderr
 
 
+def test_network_policy_is_on_by_default_and_opens_only_what_the_values_name(helm, tmp_path):
+    docs = rendered(helm, tmp_path, {})
+    spec = docs[("NetworkPolicy", FULL)]["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    (webhook_rule,) = spec["ingress"]  # the metrics port: no rule, so closed to every pod
+    assert webhook_rule["ports"] == [{"port": 8443, "protocol": "TCP"}] and "from" not in webhook_rule
+    assert docs[("NetworkPolicy", f"{FULL}-certs")]["spec"] == {
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "dispatch-admission-certs",
+                                        "app.kubernetes.io/instance": "rel"}}, "policyTypes": ["Ingress"]}
+    named = rendered(helm, tmp_path, {"networkPolicy": {"apiServerCIDRs": ["172.18.0.0/16"],
+                                                        "metricsNamespaces": ["monitoring", "ops"]}})
+    webhook_rule, metrics_rule = named[("NetworkPolicy", FULL)]["spec"]["ingress"]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "172.18.0.0/16"}}]
+    assert metrics_rule == {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [{"namespaceSelector": {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "ops"]}]}}]}
+    off = rendered(helm, tmp_path, {"networkPolicy": {"enabled": False}})
+    assert "NetworkPolicy" not in {k for k, _ in off}
+
+
+def test_tls_and_client_subjects_reach_serve(helm, tmp_path):
+    plain = args_of(rendered(helm, tmp_path, {}))
+    assert "--tls-min-version=1.2" in plain and not any(a.startswith(("--tls-ciphers", "--client-subject")) for a in plain)
+    assert "--runtime-metric-labels" not in plain, "runtimes are counted, not named, by default"
+    args = args_of(rendered(helm, tmp_path, {"clientCA": {"pem": PEM}, "tls": {"minVersion": "1.3",
+                                                                              "ciphers": "ECDHE+AESGCM"},
+                                             "metrics": {"runtimeLabels": True}}))
+    assert {"--client-subject=kube-apiserver", "--tls-min-version=1.3", "--tls-ciphers=ECDHE+AESGCM",
+            "--runtime-metric-labels"} <= set(args)
+    two = args_of(rendered(helm, tmp_path, {"clientCA": {"pem": PEM, "allowedSubjects": ["a", "b"]}}))
+    assert [a for a in two if a.startswith("--client-subject")] == ["--client-subject=a", "--client-subject=b"]
+
+
 def test_runtime_warnings_configuration(helm, tmp_path):
     docs = rendered(helm, tmp_path, {"webhook": {"timeoutSeconds": 7, "excludeNamespaces": ["skipped"],
                                                  "objectSelector": {"matchLabels": {"a": "b"}}}})
@@ -539,25 +596,42 @@ def test_runtime_warnings_configuration(helm, tmp_path):
     assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/runtimes", "caBundle": "QUJD"}
     off = rendered(helm, tmp_path, {"webhook": {"runtimes": {"enabled": False}}})
     assert ("ValidatingWebhookConfiguration", f"{FULL}-runtimes") not in off
-    assert off[("ClusterRole", FULL)]["rules"][2]["resourceNames"] == [FULL]
+    assert off[("ClusterRole", f"{FULL}-certs")]["rules"][1]["resourceNames"] == [FULL]
 
 
 def test_rbac_is_least_privilege(helm, tmp_path):
     docs = rendered(helm, tmp_path, VALUE_SETS["route1"])
+    # The serving pods: read runtimes, and get the one TLS Secret. No webhook configuration, no Secret written.
     rules = docs[("ClusterRole", FULL)]["rules"]
-    assert rules[0] == {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes", "clustertrainingruntimes"],
-                        "verbs": ["get", "list", "watch"]}
-    assert rules[1] == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
-                        "resourceNames": [FULL], "verbs": ["get", "patch"]}
-    assert rules[2] == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
-                        "resourceNames": [FULL, f"{FULL}-runtimes"], "verbs": ["get", "patch"]}
-    assert len(rules) == 3
+    assert rules == [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes", "clustertrainingruntimes"],
+                      "verbs": ["get", "list", "watch"]}]
+    assert docs[("Role", f"{FULL}-settings")]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{FULL}-settings"],
+         "verbs": ["get", "list", "watch"]}]
+    assert docs[("RoleBinding", f"{FULL}-settings")]["subjects"][0]["name"] == FULL
     role = docs[("Role", f"{FULL}-tls")]["rules"]
-    assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"],
-                     "verbs": ["get", "update"]},
-                    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]  # re-created when deleted
+    assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"], "verbs": ["get"]}]
+    assert docs[("RoleBinding", f"{FULL}-tls")]["subjects"][0]["name"] == FULL
+    # The certificate controller, under a ServiceAccount of its own: patch this release's configurations, fill the Secret.
+    controller = f"{FULL}-certs"
+    assert docs[("Deployment", controller)]["spec"]["template"]["spec"]["serviceAccountName"] == controller
+    assert ("ServiceAccount", controller) in docs
+    rules = docs[("ClusterRole", controller)]["rules"]
+    assert rules == [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                      "resourceNames": [FULL], "verbs": ["get", "patch"]},
+                     {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+                      "resourceNames": [FULL, f"{FULL}-runtimes"], "verbs": ["get", "patch"]}]
+    assert docs[("Role", controller)]["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"], "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]  # re-created when deleted
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        assert docs[(kind, controller)]["subjects"] == [{"kind": "ServiceAccount", "name": controller, "namespace": NS}]
     cm = rendered(helm, tmp_path, VALUE_SETS["cert-manager"])
     assert len(cm[("ClusterRole", FULL)]["rules"]) == 1
+    assert not [k for k in cm if k[1] == controller], "cert-manager issues: no controller"
+    # The key cert-manager's Secret holds is mounted readable by the pod's user only.
+    (tls,) = [v for v in webhook_pod(cm)["spec"]["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["defaultMode"] == 0o400
     # The hooks: the test may only create (dry-run) TrainJobs in its namespace; pre-delete may only delete ours.
     assert docs[("Role", f"{FULL}-test")]["metadata"]["namespace"] == "default"
     assert docs[("Role", f"{FULL}-test")]["rules"] == [
@@ -576,7 +650,11 @@ def test_hooks_run_the_chart_scripts(helm, tmp_path):
                                                                   "tests": {"labels": {"team": "ml"}}}))
     pod = docs[("Pod", f"{FULL}-test")]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"  # helm test --logs
+    # Kept after a success for helm test --logs; deleted after a failure, its log printed by Helm first.
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-failed"
+    assert pod["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        assert "hook-failed" in docs[(kind, f"{FULL}-test")]["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
     (c,) = pod["spec"]["containers"]
     assert c["image"] == f"{WEBHOOK_IMAGE}:0.1.0" and c["command"] == ["python3", "-c"]
     assert c["args"] == [(CHART / "files" / "helm-test.py").read_text()]
@@ -638,13 +716,16 @@ def test_values_schema_shares_the_webhook_patterns():
 
 def _local_args(args: list[str], tmp, port: int, metrics_port: int) -> list[str]:
     """The chart's serve arguments with the in-pod paths and listen addresses made local."""
-    local = {"--settings": str(EXAMPLES / "settings" / "route1.json"), "--cert-dir": str(tmp / "certs"),
+    local = {"--cert-dir": str(tmp / "certs"),
              "--bind": f"127.0.0.1:{port}", "--metrics-bind": f"127.0.0.1:{metrics_port}",
              "--client-ca": str(tmp / "client-ca.crt")}
     out = []
     for a in args[1:]:
         flag, _, value = a.partition("=")
-        out.append(f"{flag}={local[flag]}" if flag in local else a)
+        if flag == "--settings-configmap":  # no API server here: the same settings from a file
+            out.append(f"--settings={EXAMPLES / 'settings' / 'route1.json'}")
+        else:
+            out.append(f"{flag}={local[flag]}" if flag in local else a)
     return out
 
 
@@ -742,7 +823,10 @@ def _secret(cluster, name):
 
 
 def _install(env, helm, tmp_path, port, release="rel", extra=None):
-    values = merged(BASE, {"publish": {"image": IMAGE},
+    # The settings of the session's own webhooks (route1.json), which also see these TrainJobs: the release's
+    # replicas read them from its ConfigMap, and both must write the same entry.
+    route1 = json.loads((EXAMPLES / "settings" / "route1.json").read_text())
+    values = merged(BASE, {"publish": route1["publish"], "credentials": route1["credentials"],
                            "webhook": {"url": f"https://127.0.0.1:{port}",
                                        "objectSelector": {"matchLabels": {HELM_LABEL: release}}},
                            "tests": {"labels": {SKIP_MUTATION_LABEL: "true"}}}, extra or {})
@@ -762,8 +846,26 @@ def _sa_kubeconfig(c, sa, tmp_path):
 
 def _serve_args(release: str, sa_kubeconfig) -> list[str]:
     full = f"{release}-dispatch-admission"
-    return ["--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", str(sa_kubeconfig),
-            "--tls-secret", f"{full}-tls", "--tls-service", full, "--webhook-configuration", full, "--namespace", NS]
+    # the settings through the API, as the release's ServiceAccount: its Role must let it read and watch them
+    return ["--settings-configmap", f"{NS}/{full}-settings", "--kubeconfig", str(sa_kubeconfig),
+            "--tls-secret", f"{full}-tls", "--tls-service", full, "--tls-read-only", "--namespace", NS]
+
+
+@contextlib.contextmanager
+def _certificate_controller(c, release: str, tmp_path):
+    """`dispatch-admission certificates` as the chart's controller Deployment runs it, under its ServiceAccount."""
+    full = f"{release}-dispatch-admission"
+    sa_kubeconfig, _ = _sa_kubeconfig(c, f"{full}-certs", tmp_path)
+    log = tmp_path / f"{full}-certs.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "webhook", "certificates", "--kubeconfig", str(sa_kubeconfig),
+                                 "--tls-secret", f"{full}-tls", "--tls-service", full, "--webhook-configuration", full,
+                                 "--namespace", NS, "--every", "2"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
+    try:
+        yield log
+    finally:
+        stop(proc)
 
 
 def test_install_self_managed_certificates_and_uninstall(env, helm, tmp_path):
@@ -818,10 +920,12 @@ def _installed(c, helm, tmp_path, port):
     hooks = _hooks(c, helm)
     assert {(d["kind"], d["metadata"]["name"]) for d in hooks} >= {("Pod", f"{FULL}-test"), ("Job", f"{FULL}-pre-delete")}
 
-    # Two replica processes under the chart's own ServiceAccount (its RBAC, nothing more).
+    # The certificate controller and two replica processes, each under the chart's ServiceAccount for it (its
+    # RBAC, nothing more): the replicas only read what the controller issued.
     sa_kubeconfig, _ = _sa_kubeconfig(c, FULL, tmp_path)
     args = _serve_args("rel", sa_kubeconfig)
-    with webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
+    with _certificate_controller(c, "rel", tmp_path), \
+            webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
         version_a, files = _secret(c, f"{FULL}-tls")
         assert set(files) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
         served_a = _served(port, files["ca.crt"])
@@ -892,7 +996,8 @@ def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, t
     _install(env, helm, tmp_path, port, release="rt", extra={"tests": {"enabled": False}})
     try:
         sa_kubeconfig, _ = _sa_kubeconfig(c, "rt-dispatch-admission", tmp_path)
-        with webhook_server(tmp_path / "a", *_serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
+        with _certificate_controller(c, "rt", tmp_path), \
+                webhook_server(tmp_path / "a", *_serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
             _, files = _secret(c, "rt-dispatch-admission-tls")
             bundle = base64.b64encode(files["ca.crt"]).decode()
             for kind, name in (("mutatingwebhookconfiguration", "rt-dispatch-admission"),
@@ -915,7 +1020,9 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
     docs = rendered(helm, tmp_path, values)
     name = f"{FULL}-verify-{NS}"  # every object named as the pod: helm test --logs reads a pod log per hook name
     pod = docs[("Pod", name)]
-    assert pod["metadata"]["annotations"] == {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation"}
+    assert pod["metadata"]["annotations"] == {"helm.sh/hook": "test",
+                                              "helm.sh/hook-delete-policy": "before-hook-creation,hook-failed",
+                                              "helm.sh/hook-output-log-policy": "hook-failed"}
     assert pod["spec"]["serviceAccountName"] == name
     (c,) = pod["spec"]["containers"]
     assert c["args"] == ["verify", "--runtime=ClusterTrainingRuntime/torch-distributed", "--namespace=team-a",

@@ -13,6 +13,7 @@ KIND = "ClusterTrainingRuntime"
 
 
 def ready_series() -> dict:
+    metrics.name_runtimes(True)  # serve --runtime-metric-labels
     registry = CollectorRegistry()
     registry.register(metrics.STATE)
     return {tuple(s.labels[k] for k in ("kind", "namespace", "name")): s.value
@@ -34,7 +35,7 @@ def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete():
     ], []])
     seen = []
     r = Reflector(KIND, RuntimeIndex(), script.list, script.watch, sleep=script.sleeps.append,
-                  readiness=Readiness(lambda rt: seen.append(rt["metadata"]["name"]) or runtime_facts(rt, route2).can_carry))
+                  readiness=Readiness(lambda rt: seen.append(rt.name) or runtime_facts(rt, route2).can_carry))
     r.run(rounds=2)
     assert ready_series() == {(KIND, "", "good"): 0.0, (KIND, "", "bad"): 0.0}
     assert seen == ["good", "bad", "gone", "good"]
@@ -49,3 +50,22 @@ def test_spec_8_3_readiness_after_list_only():
                   readiness=Readiness(lambda rt: runtime_facts(rt, route2).can_carry))
     r.run(rounds=2)
     assert ready_series() == {(KIND, "", "ok"): 1.0}
+
+
+def test_runtimes_are_counted_not_named_by_default():
+    """Without serve --runtime-metric-labels, /metrics names no runtime (a tenant's names, or series a tenant
+    could multiply): only how many of each kind cannot carry the mount."""
+    metrics.forget_runtimes()
+    for name, ok in (("a", True), ("b", False), ("c", False)):
+        metrics.set_runtime_ready(KIND, "", name, ok)
+    metrics.set_runtime_ready("TrainingRuntime", "team-a", "d", True)
+    metrics.name_runtimes(False)
+    registry = CollectorRegistry()
+    registry.register(metrics.STATE)
+    families = {m.name: m for m in registry.collect()}
+    assert "dispatch_admission_runtime_ready" not in families
+    counts = {s.labels["kind"]: s.value for s in families["dispatch_admission_runtimes_cannot_carry"].samples}
+    assert counts == {KIND: 2.0, "TrainingRuntime": 0.0}
+    assert ready_series() == {(KIND, "", "a"): 1.0, (KIND, "", "b"): 0.0, (KIND, "", "c"): 0.0,
+                              ("TrainingRuntime", "team-a", "d"): 1.0}
+    metrics.forget_runtimes()

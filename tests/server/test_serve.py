@@ -67,7 +67,7 @@ def ops(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     metrics_port = free_port()
     with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--metrics-bind",
-                        f"127.0.0.1:{metrics_port}") as (base, ca, log, proc):
+                        f"127.0.0.1:{metrics_port}", "--runtime-metric-labels") as (base, ca, log, proc):
         yield base, ca, log, proc, f"http://127.0.0.1:{metrics_port}"
 
 
@@ -310,6 +310,9 @@ def test_certificate_and_runtime_metrics(ops):
     ready = [(tuple(sorted(labels.items())), value) for labels, value in samples(text, "dispatch_admission_runtime_ready")]
     assert len(ready) == len({k for k, _ in ready})
     assert ((("kind", "ClusterTrainingRuntime"), ("name", "torch-distributed"), ("namespace", "")), 1.0) in ready
+    unfit = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtimes_cannot_carry")}
+    assert unfit["ClusterTrainingRuntime"] == sum(1 for labels, v in ready if v == 0.0
+                                                  and dict(labels)["kind"] == "ClusterTrainingRuntime")
     synced = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtime_cache_synced")}
     assert synced == {"ClusterTrainingRuntime": 1.0, "TrainingRuntime": 1.0}
 

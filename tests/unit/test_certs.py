@@ -6,6 +6,8 @@ import ssl
 import time
 from pathlib import Path
 
+import pytest
+
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -294,3 +296,123 @@ def test_a_new_serving_pair_under_the_same_ca_keeps_the_bundle(monkeypatch, tmp_
     secret["files"] = renewed
     assert keeper.sync() is True
     assert [b for b, _ in bundles] == [first["ca.crt"], first["ca.crt"]] and clock.slept == []
+
+
+# ---- the certificate controller (issue 25: the serving pods only read the Secret) ----
+
+class _ControllerWorld:
+    """The Secret and the caBundle the controller reads and writes, with a log of what happened in which order."""
+
+    def __init__(self, monkeypatch, secret_files=None, bundle=()):
+        from webhook.certs import secret as secret_mod
+
+        self.files = dict(secret_files) if secret_files else None
+        self.bundle: list[bytes] = list(bundle)
+        self.events: list[tuple[str, object]] = []
+        monkeypatch.setattr(secret_mod, "read_secret", lambda api, ns, name: (
+            (self.ns(data=None), dict(self.files)) if self.files is not None else (None, {})))
+        monkeypatch.setattr(secret_mod, "trusted_cas", lambda api, conf: list(self.bundle))
+
+        def inject(api, conf, pem):
+            self.bundle = [m.encode() for m in
+                           __import__("re").findall(r"-----BEGIN CERTIFICATE-----\n.+?\n-----END CERTIFICATE-----\n",
+                                                    pem.decode(), __import__("re").S)]
+            self.events.append(("bundle", tuple(self.bundle)))
+            return 1
+
+        monkeypatch.setattr(secret_mod, "inject_ca_bundle", inject)
+
+        class Core:
+            def create_namespaced_secret(core, ns, body):
+                self._store(body.data)
+
+            def replace_namespaced_secret(core, name, ns, body):
+                self._store(body.data)
+
+        from kubernetes import client
+        monkeypatch.setattr(client, "CoreV1Api", lambda api: Core())
+
+    @staticmethod
+    def ns(**kw):
+        from types import SimpleNamespace
+        return SimpleNamespace(**kw)
+
+    def _store(self, data):
+        import base64
+        self.files = {k: base64.b64decode(v) for k, v in data.items()}
+        self.events.append(("secret", self.files["ca.crt"]))
+
+
+def _controller(clock):
+    return certs.CertificateController(object(), "ns", "rel-tls", NAMES, "rel", clock=clock, sleep=clock.sleep)
+
+
+def test_the_controller_fills_an_empty_secret_after_the_bundle_trusts_its_ca(monkeypatch):
+    world, clock = _ControllerWorld(monkeypatch), _Clock()
+    assert _controller(clock).sync() is True
+    ca = world.files["ca.crt"]
+    assert certs.usable(world.files, NAMES)
+    assert world.events[0] == ("bundle", (ca,)) and world.events[1] == ("secret", ca), "trusted before written"
+    assert clock.slept == [certs.secret.SETTLE_SECONDS]
+
+
+def test_a_deleted_secret_gets_a_new_ca_trusted_beside_the_old_until_the_pods_switched(monkeypatch):
+    """The install test's Secret deletion, as the controller sees it: the pods still serve the old pair, so the
+    old CA stays trusted; the new one is trusted before the Secret carries it; the old leaves after the window."""
+    old = files()
+    world, clock = _ControllerWorld(monkeypatch, old, [old["ca.crt"]]), _Clock()
+    controller = _controller(clock)
+    assert controller.sync() is False and world.bundle == [old["ca.crt"]]
+    world.files = None  # kubectl delete secret
+    assert controller.sync() is True
+    new_ca = world.files["ca.crt"]
+    assert new_ca != old["ca.crt"]
+    widened = world.events.index(("bundle", (new_ca, old["ca.crt"])))
+    assert widened < world.events.index(("secret", new_ca))
+    assert world.bundle == [new_ca, old["ca.crt"]]
+    clock.now += certs.secret.TRUST_REPLACED_CA_SECONDS - 1
+    controller.sync()
+    assert world.bundle == [new_ca, old["ca.crt"]], "kept while a pod may still serve the old pair"
+    clock.now += 1
+    controller.sync()
+    assert world.bundle == [new_ca], "then the old CA leaves"
+
+
+def test_a_renewal_under_the_same_ca_leaves_the_bundle_alone(monkeypatch):
+    near = files(days=10)  # inside RENEW_BEFORE: renewed, under the same CA
+    world, clock = _ControllerWorld(monkeypatch, near, [near["ca.crt"]]), _Clock()
+    assert _controller(clock).sync() is True
+    assert world.files["ca.crt"] == near["ca.crt"] and world.files["tls.crt"] != near["tls.crt"]
+    assert world.bundle == [near["ca.crt"]] and clock.slept == []
+
+
+def test_serve_read_only_waits_for_the_controller_and_never_writes(monkeypatch, tmp_path):
+    from webhook.certs import secret as secret_mod
+
+    issued, reads = files(), []
+
+    def read(api, ns, name):
+        reads.append(name)
+        return (None, {}) if len(reads) < 3 else (object(), issued)
+
+    monkeypatch.setattr(secret_mod, "read_secret", read)
+    monkeypatch.setattr(secret_mod, "ensure_secret", lambda *a: (_ for _ in ()).throw(AssertionError("wrote")))
+    monkeypatch.setattr(secret_mod, "inject_ca_bundle", lambda *a: (_ for _ in ()).throw(AssertionError("patched")))
+    clock = _Clock()
+    keeper = certs.SelfManaged(object(), "ns", "rel-tls", NAMES, tmp_path, None, clock=clock, sleep=clock.sleep,
+                               read_only=True)
+    assert keeper.sync() is True and (tmp_path / "tls.crt").read_bytes() == issued["tls.crt"]
+    assert clock.slept == [1.0, 1.0]
+    monkeypatch.setattr(secret_mod, "read_secret", lambda api, ns, name: (None, {}))  # deleted: keep serving
+    assert keeper.sync() is False and (tmp_path / "tls.crt").read_bytes() == issued["tls.crt"]
+
+
+def test_serve_read_only_gives_up_with_a_message_when_no_pair_comes(monkeypatch, tmp_path):
+    from webhook.certs import secret as secret_mod
+
+    monkeypatch.setattr(secret_mod, "read_secret", lambda api, ns, name: (None, {}))
+    clock = _Clock()
+    keeper = certs.SelfManaged(object(), "ns", "rel-tls", NAMES, tmp_path, None, clock=clock, sleep=clock.sleep,
+                               read_only=True)
+    with pytest.raises(RuntimeError, match="the certificate controller fills it"):
+        keeper.sync()

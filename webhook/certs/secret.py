@@ -141,6 +141,99 @@ TRUST_REPLACED_CA_SECONDS = 60.0
 # Between widening the caBundle to both CAs and serving the new pair: time for the API servers' webhook
 # configuration informers to load the wider bundle.
 SETTLE_SECONDS = 2.0
+# serve --tls-read-only at start: how long a pod waits for the controller to fill the Secret (below the
+# chart's startup probe's minute) before it exits, to be restarted.
+READ_ONLY_WAIT_SECONDS = 45.0
+
+
+def read_secret(api_client, namespace: str, name: str) -> tuple[object | None, dict[str, bytes]]:
+    """The Secret (None when absent) and its files."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        secret = client.CoreV1Api(api_client).read_namespaced_secret(name, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return None, {}
+    return secret, _decode_secret(secret.data)
+
+
+def trusted_cas(api_client, configuration: str) -> list[bytes]:
+    """The CA certificates (PEM, in order, without repeats) the MutatingWebhookConfiguration's caBundles trust."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        obj = client.AdmissionregistrationV1Api(api_client).read_mutating_webhook_configuration(configuration)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return []
+    found: list[bytes] = []
+    for hook in obj.webhooks or []:
+        bundle = base64.b64decode(hook.client_config.ca_bundle or "")
+        for cert in x509.load_pem_x509_certificates(bundle) if bundle.strip() else []:
+            pem = pem_cert(cert)
+            if pem not in found:
+                found.append(pem)
+    return found
+
+
+class CertificateController:
+    """Self-managed certificates, issued by a controller of their own (`dispatch-admission certificates`, the
+    chart's <fullname>-certs Deployment and ServiceAccount): it alone may create the Secret and patch the
+    webhook configurations; the serving pods only read the Secret (`serve --tls-read-only`), so a compromised
+    serving pod can neither rewrite the webhooks' rules nor create Secrets.
+
+    `sync()` keeps a usable pair in the Secret and its CA in every caBundle. A new CA never reaches a pod before
+    the API server trusts it: the bundle is first widened to the new CA beside the ones it trusts, and the Secret
+    is written SETTLE_SECONDS later; the pods read it within their refresh (serve's REFRESH_SECONDS), and a CA
+    other than the Secret's leaves the bundle TRUST_REPLACED_CA_SECONDS after this controller first saw it there.
+    """
+
+    def __init__(self, api_client, namespace: str, secret: str, names: list[str], configuration: str,
+                 clock=time.monotonic, sleep=time.sleep):
+        self.api, self.namespace, self.secret, self.names = api_client, namespace, secret, names
+        self.configuration, self.clock, self.sleep = configuration, clock, sleep
+        self.other_since: dict[bytes, float] = {}  # a trusted CA that is not the Secret's: when first seen
+
+    def sync(self) -> bool:
+        """True when the Secret was (re)written."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        secret, files = read_secret(self.api, self.namespace, self.secret)
+        trusted = trusted_cas(self.api, self.configuration)
+        written = False
+        if not usable(files, self.names):
+            fresh = new_files(files, self.names)
+            if fresh["ca.crt"] not in trusted:
+                inject_ca_bundle(self.api, self.configuration, fresh["ca.crt"] + b"".join(trusted))
+                self.sleep(SETTLE_SECONDS)
+                trusted = [fresh["ca.crt"], *trusted]
+            encoded = {k: base64.b64encode(v).decode() for k, v in fresh.items()}
+            core = client.CoreV1Api(self.api)
+            try:
+                if secret is None:
+                    core.create_namespaced_secret(self.namespace, client.V1Secret(
+                        metadata=client.V1ObjectMeta(name=self.secret, namespace=self.namespace), type="Opaque",
+                        data=encoded))
+                else:
+                    secret.data = encoded
+                    core.replace_namespaced_secret(self.secret, self.namespace, secret)  # carries resourceVersion
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                return False  # written meanwhile (a second controller during a rollout): read again next time
+            files, written = fresh, True
+            log.info("issued a serving pair into Secret %s/%s", self.namespace, self.secret)
+        ca, now = files["ca.crt"], self.clock()
+        self.other_since = {c: self.other_since.get(c, now) for c in trusted if c != ca}
+        kept = [c for c, since in self.other_since.items() if now - since < TRUST_REPLACED_CA_SECONDS]
+        inject_ca_bundle(self.api, self.configuration, ca + b"".join(kept))
+        return written
 
 
 class SelfManaged:
@@ -153,14 +246,33 @@ class SelfManaged:
     """
 
     def __init__(self, api_client, namespace: str, secret: str, names: list[str], cert_dir: Path,
-                 configuration: str | None, clock=time.monotonic, sleep=time.sleep):
+                 configuration: str | None, clock=time.monotonic, sleep=time.sleep, read_only: bool = False):
         self.api, self.namespace, self.secret, self.names = api_client, namespace, secret, names
         self.cert_dir, self.configuration = Path(cert_dir), configuration
         self.clock, self.sleep = clock, sleep
+        self.read_only = read_only  # the pair is issued by the CertificateController: read it, never write
         self.replaced: tuple[bytes, float] | None = None  # (old CA, trusted until)
+
+    def _read_only_sync(self) -> bool:
+        """Serve the Secret's pair once the controller has filled it: waited for at start (READ_ONLY_WAIT_SECONDS),
+        later the served pair is kept until a complete one is there."""
+        deadline = self.clock() + READ_ONLY_WAIT_SECONDS
+        while True:
+            _, files = read_secret(self.api, self.namespace, self.secret)
+            if all(files.get(f) for f in ("ca.crt", "tls.crt", "tls.key")):
+                return write_served(self.cert_dir, files)
+            if (self.cert_dir / "tls.crt").exists():
+                return False
+            if self.clock() >= deadline:
+                raise RuntimeError(f"Secret {self.namespace}/{self.secret} holds no serving pair after "
+                                   f"{READ_ONLY_WAIT_SECONDS:.0f}s: the certificate controller fills it "
+                                   f"(kubectl -n {self.namespace} logs deployment/<release>-certs)")
+            self.sleep(1.0)
 
     def sync(self) -> bool:
         """True when the served pair changed."""
+        if self.read_only:
+            return self._read_only_sync()
         files = ensure_secret(self.api, self.namespace, self.secret, self.names)
         ca = files["ca.crt"]
         served = self.cert_dir / "ca.crt"

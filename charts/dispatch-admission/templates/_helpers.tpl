@@ -99,6 +99,10 @@ namespaceSelector:
       operator: NotIn
       values:
         {{- toYaml (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) | nindent 8 }}
+    {{- with .Values.webhook.ignoreNamespaceLabel }}
+    - key: {{ . }}
+      operator: DoesNotExist
+    {{- end }}
 {{- end -}}
 
 {{/* One webhook's client config. Args: dict "root" . "path" "/mutate" */}}
@@ -133,6 +137,11 @@ rules:
     operations: ["CREATE", "UPDATE"]
     scope: "*"
 {{ include "dispatch-admission.namespaceSelector" $root }}
+# An update of a TrainJob being deleted (its finalizers removed) is never sent: the webhook would allow it
+# anyway, and so it goes through while no replica answers.
+matchConditions:
+  - name: not-being-deleted
+    expression: "!has(object.metadata.deletionTimestamp)"
 {{- with $root.Values.webhook.objectSelector }}
 objectSelector:
   {{- toYaml . | nindent 2 }}
