@@ -128,6 +128,21 @@ def cmd_audit(args) -> int:
         raise Unusable(f"cannot read the cluster: {e}") from None
 
 
+def cmd_verify(args) -> int:
+    from . import verify
+
+    s = _settings(args.settings) if args.settings else None
+    try:
+        opts = verify.Options(
+            runtime=args.runtime, namespace=args.namespace, kubeconfig=args.kubeconfig, settings=s,
+            per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
+            labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output)
+        verify.parse_runtime(args.runtime)
+        return verify.run(opts, sys.stdout, sys.stderr)
+    except verify.Unusable as e:
+        raise Unusable(str(e)) from None
+
+
 def cmd_certs(args) -> int:
     from . import certs
 
@@ -270,6 +285,27 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--output", choices=["table", "json"], default="table")
     a.add_argument("--page-size", type=int, default=500, help="objects per list call (limit/continue)")
     a.set_defaults(func=cmd_audit)
+
+    v = sub.add_parser("verify", help="prove the publish route on a live cluster: run probe TrainJobs through the"
+                       " installed webhook and report the stage each reached (SPEC 9)")
+    v.add_argument("--runtime", required=True, metavar="KIND/NAME",
+                   help="ClusterTrainingRuntime/NAME or TrainingRuntime/NAME (in --namespace)")
+    v.add_argument("--namespace", help="where the probes go (default: the kubeconfig context's, else default)")
+    v.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
+    v.add_argument("--settings", help="the webhook's settings: the stored entry and pod template are checked"
+                   " against them (default: its manager is the default one, and the entry is read as it is)")
+    v.add_argument("--per-node", action="store_true", help="one probe per schedulable node, each pinned to it")
+    v.add_argument("--image", help="the trainer image (default: the runtime's)")
+    v.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a label on the probes (repeatable), such as kueue.x-k8s.io/queue-name=QUEUE")
+    v.add_argument("--timeout", type=float, default=300, metavar="SECONDS",
+                   help="how long a probe may take to run (default 300)")
+    v.add_argument("--keep", action="store_true", help="leave the probes in the cluster (default: deleted)")
+    v.add_argument("--output", choices=["table", "json"], default="table")
+    v.add_argument("--command", dest="probe_command", nargs=argparse.REMAINDER, metavar="ARG",
+                   help="the trainer command, in place of /opt/dispatch/publish --help (last: it takes every"
+                        " argument after it)")
+    v.set_defaults(func=cmd_verify)
 
     ce = sub.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
     ce.add_argument("--service", required=True)

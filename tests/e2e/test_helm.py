@@ -270,6 +270,7 @@ CONTEXTS = {
     "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget.minAvailable": {"replicaCount": 3},
     "podAntiAffinity": {},
+    "tests.verify.": {"tests": {"verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}},
 }
 PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 CHANGES = {
@@ -342,6 +343,10 @@ CHANGES = {
     "tests.runtimeRef.name": "other-runtime",
     "tests.runtimeRef.kind": "TrainingRuntime",
     "tests.labels": {"team": "ml"},
+    "tests.verify.runtime": "TrainingRuntime/other-runtime",
+    "tests.verify.resources.requests.cpu": "75m",
+    "tests.verify.resources.requests.memory": "100Mi",
+    "tests.verify.resources.limits.memory": "256Mi",
     "hooks.resources.requests.cpu": "20m",
     "hooks.resources.requests.memory": "48Mi",
     "hooks.resources.limits.memory": "128Mi",
@@ -1002,3 +1007,46 @@ def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, t
                 assert [w["clientConfig"].get("caBundle") for w in hooks] == [bundle], f"no CA in {kind} {name}"
     finally:
         run_helm(helm, "uninstall", "rt", "-n", NS, "--wait", "--no-hooks", kubeconfig=c.kubeconfig, check=False)
+
+
+def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
+    """tests.verify.runtime (docs/verify.md): a pod running `dispatch-admission verify` under its own
+    ServiceAccount, with the RBAC verify needs and nothing more, all of it deleted when the test ends."""
+    assert not any("-verify" in name for _, name in rendered(helm, tmp_path, VALUE_SETS["route1"])), \
+        "off when tests.verify.runtime is empty"
+    values = merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
+                                           "tests": {"namespace": "team-a", "labels": {"kueue.x-k8s.io/queue-name": "q"},
+                                                     "verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}})
+    docs = rendered(helm, tmp_path, values)
+    name = f"{FULL}-verify-{NS}"  # every object named as the pod: helm test --logs reads a pod log per hook name
+    pod = docs[("Pod", name)]
+    assert pod["metadata"]["annotations"] == {"helm.sh/hook": "test",
+                                              "helm.sh/hook-delete-policy": "before-hook-creation,hook-failed",
+                                              "helm.sh/hook-output-log-policy": "hook-failed"}
+    assert pod["spec"]["serviceAccountName"] == name
+    (c,) = pod["spec"]["containers"]
+    assert c["args"] == ["verify", "--runtime=ClusterTrainingRuntime/torch-distributed", "--namespace=team-a",
+                         "--settings=/etc/dispatch-admission/settings/settings.json", "--timeout=240",
+                         "--label=a=b", "--label=kueue.x-k8s.io/queue-name=q"]
+    assert pod["spec"]["volumes"] == [{"name": "settings", "configMap": {"name": f"{FULL}-settings"}}]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert docs[("Role", name)]["metadata"]["namespace"] == "team-a"
+    assert docs[("Role", name)]["rules"] == [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create", "get", "delete", "watch"]},
+        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    assert docs[("ClusterRole", name)]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"],
+         "resourceNames": ["torch-distributed"], "verbs": ["get"]}]
+    for kind, obj_name in (("ServiceAccount", name), ("Role", name), ("RoleBinding", name),
+                           ("ClusterRole", name), ("ClusterRoleBinding", name)):
+        annotations = docs[(kind, obj_name)]["metadata"]["annotations"]
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded,hook-failed", kind
+        assert int(annotations["helm.sh/hook-weight"]) < 0, kind
+    # A TrainingRuntime is read in the namespace instead; no cluster-wide runtime read at all.
+    docs = rendered(helm, tmp_path, merged(values, {"tests": {"verify": {"runtime": "TrainingRuntime/mine"}}}))
+    assert {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes"], "verbs": ["get"]} \
+        in docs[("Role", name)]["rules"]
+    assert docs[("ClusterRole", name)]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]

@@ -580,6 +580,49 @@ def test_helm_test_fails_and_says_why_when_no_webhook_pod_answers(inst):
     assert re.search(r"Phase:\s+Succeeded", got.stdout), got.stdout
 
 
+def test_helm_test_runs_verify_and_passes_on_a_good_runtime(inst):
+    """tests.verify.runtime (docs/verify.md): the probe runs /opt/dispatch/publish through the chart's webhook."""
+    inst.helm_run("upgrade", RELEASE, str(CHART), "-n", RNS, "--reuse-values", "--wait", "--timeout", "5m",
+                  "--set", "tests.verify.runtime=ClusterTrainingRuntime/torch-distributed",
+                  "--set", "tests.verify.timeoutSeconds=180")
+    got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "6m")
+    print(got.stdout)
+    assert re.search(rf"TEST SUITE:\s+{FULL}-verify-{RNS}\s+Last Started:.*\s+Last Completed:.*\s+Phase:\s+Succeeded",
+                     got.stdout), got.stdout
+    assert "ok: 1 of 1 probes on ClusterTrainingRuntime/torch-distributed ran the binary" in got.stdout
+    assert "ok: node container mount: /opt/dispatch read-only" in got.stdout
+    for kind in ("serviceaccount", "role", "rolebinding"):  # the test's RBAC went with it
+        ns = RNS if kind == "serviceaccount" else NS
+        assert inst.cluster.get(kind, f"{FULL}-verify-{RNS}", ns) is None, kind
+    assert inst.cluster.get("clusterrole", f"{FULL}-verify-{RNS}") is None
+
+
+def test_helm_test_verify_fails_on_a_route2_runtime_whose_init_container_copies_nothing(inst):
+    c = inst.cluster
+    inst.helm_run("upgrade", RELEASE, str(CHART), "-n", RNS, "--reuse-values", "--wait", "--timeout", "5m",
+                  "--set", "publish.via=initContainer", "--set", "tests.runtimeRef.name=torch-init",
+                  "--set", "tests.verify.runtime=ClusterTrainingRuntime/torch-init-copies-nothing")
+    try:
+        inst.wait_settled(timeout=400)
+        got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "6m", check=False)
+        print(got.stdout[-4000:], got.stderr[-4000:])
+        assert got.returncode != 0
+        # The failed pod is deleted (hook-failed); Helm printed its log first (hook-output-log-policy, on stderr).
+        out = got.stdout + got.stderr
+        assert "FAILED at started: " in out and "no such file or directory" in out, out
+        assert "what to do: route 2: the init container copied nothing to /opt/dispatch" in out
+        for kind in ("pod", "serviceaccount"):
+            assert c.get(kind, f"{FULL}-verify-{RNS}", RNS) is None, f"hook-failed deletes the test's {kind}"
+    finally:
+        inst.helm_run("upgrade", RELEASE, str(CHART), "-n", RNS, "--reuse-values", "--wait", "--timeout", "5m",
+                      "--set", "publish.via=imageVolume", "--set", "tests.runtimeRef.name=torch-distributed",
+                      "--set", "tests.verify.runtime=")
+        inst.wait_settled(timeout=400)
+    left = json.loads(c.kubectl("get", "trainjobs", "-A", "-l", "dispatch.go.phpboyscout.uk/verify", "-o", "json")
+                      .stdout)["items"]
+    assert left == [], "verify deleted its probes"
+
+
 # ---- break-glass: every replica down ----
 
 BREAK_GLASS = ("kubectl patch validatingwebhookconfiguration {name} --type=json "

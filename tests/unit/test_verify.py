@@ -1,0 +1,458 @@
+"""`verify` (SPEC 9) without a cluster: the stage read from a stored TrainJob, its pods and events; the stored pod
+template against the settings; the hints; the report; and the run (create, follow, clean up on every path)
+against a fake cluster. The real thing runs on the one-node cluster in tests/e2e/test_verify.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import pytest
+
+from tests.helpers import IMAGE, MANAGER, ROUTE1, ROUTE2
+from webhook import cli
+from webhook import verify as adapter
+from webhook.core import verify as v
+from webhook.core.patch import Entry
+from webhook.core.settings import parse
+
+S1 = parse(json.dumps(ROUTE1))
+S2 = parse(json.dumps(ROUTE2))
+ENTRY1 = Entry.build(S1, ["node"]).as_dict("2026-11-29T12:00:00Z")
+ENTRY2 = Entry.build(S2, ["node"]).as_dict("2026-11-29T12:00:00Z")
+NOT_FOUND = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
+             'failed: unable to start container process: error during container init: exec: "/opt/dispatch/publish": '
+             'stat /opt/dispatch/publish: no such file or directory: unknown')
+
+
+def stored(entry: dict | None = ENTRY1, suspend=None) -> dict:
+    spec = {"runtimeRef": {"name": "torch"}, "runtimePatches": [entry] if entry else []}
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return {"metadata": {"name": "verify-1", "namespace": "ns"}, "spec": spec}
+
+
+def pod(scheduled=True, node_state=None, node_last=None, init_state=None, route2=False, volume_image=IMAGE,
+        read_only=True, phase="Pending", unschedulable_message=None) -> dict:
+    spec = {"containers": [{"name": "node", "volumeMounts": [
+        {"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": read_only}]}],
+        "volumes": [{"name": "dispatch-publish", "emptyDir": {}} if route2 else
+                    {"name": "dispatch-publish", "image": {"reference": volume_image}}]}
+    if route2:
+        spec["initContainers"] = [{"name": "dispatch-publish", "volumeMounts": [
+            {"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}]
+    if scheduled:
+        spec["nodeName"] = "node-a"
+    cond = {"type": "PodScheduled", "status": "True"} if scheduled else {
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable_message}
+    status: dict = {"phase": phase, "conditions": [cond]}
+    if node_state is not None or node_last is not None:
+        status["containerStatuses"] = [{"name": "node", "state": node_state or {}, "lastState": node_last or {}}]
+    if init_state is not None:
+        status["initContainerStatuses"] = [{"name": "dispatch-publish", "state": init_state, "lastState": {}}]
+    return {"metadata": {"name": "verify-1-node-0-0-abcde", "creationTimestamp": "2026-12-01T10:00:00Z"},
+            "spec": spec, "status": status}
+
+
+def event(reason: str, message: str, pod_name="verify-1-node-0-0-abcde") -> dict:
+    return {"reason": reason, "message": message, "involvedObject": {"name": pod_name},
+            "lastTimestamp": "2026-12-01T10:00:05Z"}
+
+
+# ---- the stage ----
+
+def test_no_entry_fails_at_admitted_with_the_words_of_the_spec():
+    st = v.classify(stored(None), [], [], MANAGER)
+    assert st.done and st.reached is None
+    assert st.failure.stage is v.Stage.ADMITTED
+    assert st.failure.message == "the stored TrainJob has no entry: the webhook did not mutate it"
+    assert "MutatingWebhookConfiguration" in st.failure.hint
+
+
+def test_an_entry_of_another_manager_is_not_ours():
+    st = v.classify(stored(dict(ENTRY1, manager="example.com/other")), [], [], MANAGER)
+    assert st.failure.stage is v.Stage.ADMITTED
+
+
+def test_admitted_without_a_pod_waits_and_says_why_when_suspended():
+    st = v.classify(stored(), [], [], MANAGER)
+    assert st.reached is v.Stage.ADMITTED and not st.done and st.waiting == "no pod yet"
+    st = v.classify(stored(suspend=True), [], [], MANAGER)
+    assert "suspended" in st.waiting
+    out = v.timed_out(st, 30)
+    assert out.failure.stage is v.Stage.SCHEDULED and "not scheduled after 30s" in out.failure.message
+    assert "kueue.x-k8s.io/queue-name" in out.failure.hint
+
+
+def test_unschedulable_is_not_an_end_until_the_timeout_and_then_names_the_scheduler_reason():
+    msg = "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available"
+    st = v.classify(stored(), [pod(scheduled=False, unschedulable_message=msg)], [], MANAGER)
+    assert st.reached is v.Stage.ADMITTED and not st.done and msg in st.waiting
+    out = v.timed_out(st, 10)
+    assert out.done and out.failure.stage is v.Stage.SCHEDULED
+    assert "Insufficient cpu" in out.failure.message and "not scheduled after 10s" in out.failure.message
+
+
+def test_the_scheduler_event_is_read_when_the_condition_has_no_message():
+    st = v.classify(stored(), [pod(scheduled=False)], [event("FailedScheduling", "0/3 nodes: Insufficient nvidia.com/gpu")],
+                    MANAGER)
+    assert "Insufficient nvidia.com/gpu" in st.waiting
+
+
+def test_a_pull_error_on_the_node_container_ends_at_pulled():
+    st = v.classify(stored(), [pod(node_state={"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}})],
+                    [], MANAGER)
+    assert st.done and st.reached is v.Stage.SCHEDULED
+    assert st.failure.stage is v.Stage.PULLED and "ErrImagePull: manifest unknown" == st.failure.message
+    assert "digest" in st.failure.hint
+
+
+def test_an_image_volume_pull_error_is_read_from_the_kubelet_event():
+    msg = 'Failed to pull image "reg/publish@sha256:00": rpc error: code = NotFound desc = not found'
+    st = v.classify(stored(), [pod(node_state={"waiting": {"reason": "ContainerCreating"}})],
+                    [event("Failed", msg)], MANAGER)
+    assert st.failure.stage is v.Stage.PULLED and st.failure.message == msg
+
+
+def test_route2_init_container_pull_error_ends_at_pulled():
+    st = v.classify(stored(ENTRY2), [pod(route2=True, init_state={"waiting": {"reason": "ImagePullBackOff",
+                                                                              "message": "Back-off pulling"}})],
+                    [], MANAGER)
+    assert st.failure.stage is v.Stage.PULLED
+
+
+def test_route2_copies_nothing_fails_at_started_with_the_route2_hint():
+    term = {"reason": "StartError", "exitCode": 128, "message": NOT_FOUND}
+    p = pod(route2=True, init_state={"terminated": {"exitCode": 0, "reason": "Completed"}},
+            node_state={"waiting": {"reason": "CrashLoopBackOff"}}, node_last={"terminated": term})
+    st = v.classify(stored(ENTRY2), [p], [], MANAGER)
+    assert st.done and st.reached is v.Stage.PULLED and st.failure.stage is v.Stage.STARTED
+    assert "no such file or directory" in st.failure.message and "StartError, exit code 128" in st.failure.message
+    assert "route 2" in st.failure.hint and "DISPATCH_PUBLISH_DEST" in st.failure.hint
+    assert st.container == "", "nothing to read: the process never started"
+
+
+def test_route1_not_found_hints_at_the_publish_image_and_noexec_at_route2():
+    term = {"reason": "StartError", "exitCode": 128, "message": NOT_FOUND}
+    st = v.classify(stored(), [pod(node_state={"terminated": term})], [], MANAGER)
+    assert st.failure.stage is v.Stage.STARTED and "publish.image" in st.failure.hint
+    term = dict(term, message='exec: "/opt/dispatch/publish": permission denied')
+    st = v.classify(stored(), [pod(node_state={"terminated": term})], [], MANAGER)
+    assert "noexec" in st.failure.hint and "route 2" in st.failure.hint
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_exit_126_and_127_mean_the_binary_did_not_start(code):
+    st = v.classify(stored(), [pod(node_state={"terminated": {"reason": "Error", "exitCode": code}})], [], MANAGER)
+    assert st.failure.stage is v.Stage.STARTED
+
+
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_any_other_exit_code_ran(code):
+    st = v.classify(stored(), [pod(node_state={"terminated": {"reason": "Completed", "exitCode": code}})], [], MANAGER)
+    assert st.done and st.ran and st.reached is v.Stage.RAN and st.exit_code == code and st.container == "node"
+
+
+def test_running_is_started_and_waits():
+    st = v.classify(stored(), [pod(node_state={"running": {}})], [], MANAGER)
+    assert st.reached is v.Stage.STARTED and not st.done
+
+
+def test_a_failing_init_container_fails_started_and_names_it():
+    p = pod(route2=True, init_state={"terminated": {"exitCode": 1, "reason": "Error"}},
+            node_state={"waiting": {"reason": "PodInitializing"}})
+    st = v.classify(stored(ENTRY2), [p], [], MANAGER)
+    assert st.failure.stage is v.Stage.STARTED and "init container dispatch-publish" in st.failure.message
+    assert st.container == "dispatch-publish"
+
+
+def test_the_newest_live_pod_is_the_probe_pod():
+    old = pod(node_state={"terminated": {"exitCode": 0}})
+    new = pod(node_state={"running": {}})
+    new["metadata"] = {"name": "b", "creationTimestamp": "2026-12-01T10:01:00Z"}
+    assert v.probe_pod([old, new]) is new
+    new["metadata"]["deletionTimestamp"] = "x"
+    assert v.probe_pod([old, new]) is old
+
+
+# ---- the probe ----
+
+def test_the_probe_runs_the_binary_on_one_node_labelled_and_never_adds_the_publish_entry():
+    job = v.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "torch", "run1", labels={"q": "a"},
+                           jobs=["node"])
+    assert job["spec"]["trainer"] == {"numNodes": 1, "command": ["/opt/dispatch/publish", "--help"]}
+    ours = {v.PROBE_LABEL: "probe", v.RUN_LABEL: "run1"}
+    assert job["metadata"]["labels"] == {"q": "a", **ours}
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                         "name": "torch"}
+    [entry] = job["spec"]["runtimePatches"]
+    assert entry["manager"] == v.VERIFY_MANAGER != MANAGER, "verify never adds the webhook's entry itself"
+    template = entry["trainingRuntimeSpec"]["template"]
+    assert template["metadata"] == {"labels": ours}, "Trainer copies these to the JobSet"
+    assert template["spec"]["replicatedJobs"] == [{"name": "node", "template": {"spec": {"template": {
+        "metadata": {"labels": ours}}}}}], "and these to the pods; nothing else (no volume, no mount)"
+
+
+def test_per_node_pins_every_job_in_the_entry_of_its_own_manager():
+    node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "host-1"}}}
+    job = v.probe_trainjob("verify-1", "ns", "TrainingRuntime", "t", "r", image="img", node=node,
+                           jobs=["launcher", "node"])
+    [entry] = job["spec"]["runtimePatches"]
+    assert entry["manager"] == v.VERIFY_MANAGER
+    jobs = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert [j["name"] for j in jobs] == ["launcher", "node"]
+    assert all(j["template"]["spec"]["template"]["spec"] == {"nodeSelector": {"kubernetes.io/hostname": "host-1"}}
+               for j in jobs)
+    assert job["spec"]["trainer"]["image"] == "img"
+
+
+def _node(name, ready="True", unschedulable=False, taints=()):
+    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+
+def test_schedulable_nodes_are_ready_uncordoned_and_their_taints_tolerated():
+    gpu = {"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}
+    nodes = [_node("b"), _node("a"), _node("down", ready="False"), _node("cordoned", unschedulable=True),
+             _node("gpu", taints=[gpu]), _node("soft", taints=[{"key": "x", "effect": "PreferNoSchedule"}])]
+    assert [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, [])] == ["a", "b", "soft"]
+    tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "gpu" in [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, tol)]
+
+
+# ---- the pod template against the settings ----
+
+def test_template_checks_pass_on_what_the_settings_produce():
+    checks = v.template_checks(pod(), ENTRY1, S1, Entry.build(S1, ["node"]))
+    assert [(c.what, c.ok) for c in checks] == [("entry", True), ("node container mount", True),
+                                               ("image volume", True)]
+
+
+def test_template_checks_name_a_read_write_mount_and_another_digest():
+    other = IMAGE[:-1] + "0"
+    checks = {c.what: c for c in v.template_checks(pod(read_only=False, volume_image=other), ENTRY1, S1)}
+    assert not checks["node container mount"].ok and checks["node container mount"].found == "/opt/dispatch read-write"
+    assert not checks["image volume"].ok and checks["image volume"].found == other
+    assert checks["image volume"].expected == IMAGE
+
+
+def test_template_checks_without_settings_read_the_entry_and_route2_the_init_container():
+    assert all(c.ok for c in v.template_checks(pod(), ENTRY1, None))
+    checks = v.template_checks(pod(route2=True), ENTRY2, None)
+    assert [c.what for c in checks] == ["node container mount", "publish volume", "init container dispatch-publish mount"]
+    assert all(c.ok for c in checks)
+    stale = Entry.build(parse(json.dumps({"publish": {"image": IMAGE[:-1] + "1"}})), ["node"])
+    assert not v.template_checks(pod(), ENTRY1, S1, stale)[0].ok
+
+
+# ---- the report ----
+
+def _probes():
+    ok = v.Probe("verify-a", "ns", "ClusterTrainingRuntime/torch",
+                 status=v.Status(v.Stage.RAN, done=True, exit_code=0, node="node-a", container="node"),
+                 output="publish ran from /opt/dispatch/publish\npublish args: --help",
+                 checks=v.template_checks(pod(), ENTRY1, S1))
+    bad = v.Probe("verify-b", "ns", "ClusterTrainingRuntime/torch",
+                  status=v.classify(stored(None), [], [], MANAGER))
+    return ok, bad
+
+
+def test_table_one_line_per_probe_then_the_verdict():
+    ok, bad = _probes()
+    text = v.render_table([ok, bad])
+    lines = text.splitlines()
+    assert lines[0].split() == ["PROBE", "NODE", "REACHED", "RESULT"]
+    assert lines[1].split()[:3] == ["verify-a", "node-a", "ran"] and "exit code 0" in lines[1]
+    assert "output: publish ran from /opt/dispatch/publish | publish args: --help" in text
+    assert "ok: image volume: " + IMAGE in text
+    bad_line = next(line for line in lines if line.startswith("verify-b"))
+    assert "FAILED at admitted: the stored TrainJob has no entry: the webhook did not mutate it" in bad_line
+    assert "    what to do: install the webhook" in text
+    assert lines[-1] == ("FAILED: 1 of 2 probes on ClusterTrainingRuntime/torch did not run the binary "
+                         "(failed at: admitted)")
+    assert v.exit_code([ok, bad]) == 1 and v.exit_code([ok]) == 0 and v.exit_code([]) == 1
+    assert v.render_table([ok]).splitlines()[-1].startswith("ok: 1 of 1 probes")
+
+
+def test_json_one_object_per_probe_with_its_stages():
+    ok, bad = _probes()
+    got = json.loads(v.render_json([ok, bad]))
+    assert [p["name"] for p in got] == ["verify-a", "verify-b"]
+    assert got[0]["ran"] is True and got[0]["exitCode"] == 0 and got[0]["failure"] is None
+    assert [s["state"] for s in got[0]["stages"]] == ["reached"] * 5
+    assert got[1]["failure"]["stage"] == "admitted"
+    assert [s["state"] for s in got[1]["stages"]] == ["failed"] + ["not-reached"] * 4
+    assert got[0]["checks"][0] == {"check": "node container mount", "expected": "/opt/dispatch read-only",
+                                   "found": "/opt/dispatch read-only", "ok": True}
+
+
+# ---- the run, against a fake cluster ----
+
+class FakeApiException(Exception):
+    pass
+
+
+class FakeCluster:
+    """Answers as a cluster would; `script` gives the pods of each poll."""
+
+    def __init__(self, runtime=None, script=None, create_error=None, on_poll=None):
+        self.rt = runtime if runtime is not None else {"spec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}}]}}}}
+        self.script = list(script or [])
+        self.create_error, self.on_poll = create_error, on_poll
+        self.jobs: dict[str, dict] = {}
+        self.deleted: list[str] = []
+        self.polls = 0
+
+    def default_namespace(self, kubeconfig):
+        return "ns"
+
+    def runtime(self, kind, namespace, name):
+        return self.rt if name != "missing" else None
+
+    def nodes(self):
+        return [_node("n1")]
+
+    def create(self, namespace, doc):
+        if self.create_error:
+            raise self.create_error
+        job = json.loads(json.dumps(doc))
+        job["spec"].setdefault("runtimePatches", []).append(ENTRY1)
+        self.jobs[doc["metadata"]["name"]] = job
+        return job
+
+    def trainjob(self, namespace, name):
+        return self.jobs.get(name)
+
+    def pods(self, namespace, name):
+        self.polls += 1
+        if self.on_poll:
+            self.on_poll(self.polls)
+        return self.script[min(self.polls, len(self.script)) - 1] if self.script else []
+
+    def events(self, namespace, pod):
+        return []
+
+    def log_tail(self, namespace, pod, container, previous, lines):
+        return "publish ran from /opt/dispatch/publish\n"
+
+    def delete(self, namespace, name):
+        self.deleted.append(name)
+        self.jobs.pop(name, None)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def _run(cluster, **kw):
+    out, err, clock = io.StringIO(), io.StringIO(), Clock()
+    opts = adapter.Options(runtime="ClusterTrainingRuntime/torch", **kw)
+    code = adapter.Verify(opts, cluster, out, err, progress=False, clock=clock, sleep=clock.sleep).run()
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_run_ran_reports_and_deletes():
+    running = [pod(node_state={"running": {}})]
+    done = [pod(node_state={"terminated": {"reason": "Completed", "exitCode": 0}})]
+    cluster = FakeCluster(script=[running, running, done])
+    code, out, _ = _run(cluster, settings=S1)
+    assert code == 0, out
+    assert "ran, exit code 0" in out and "output: publish ran from" in out
+    assert cluster.deleted and not cluster.jobs
+
+
+def test_run_times_out_at_scheduled_and_still_deletes():
+    cluster = FakeCluster(script=[[pod(scheduled=False, unschedulable_message="0/1 nodes: Insufficient cpu")]])
+    code, out, _ = _run(cluster, timeout=5)
+    assert code == 1 and "FAILED at scheduled: not scheduled after 5s: Unschedulable: 0/1 nodes: Insufficient cpu" in out
+    assert cluster.deleted and not cluster.jobs
+
+
+def test_keep_leaves_the_probe():
+    cluster = FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
+    code, out, _ = _run(cluster, keep=True)
+    assert code == 0 and not cluster.deleted and cluster.jobs and "(probes kept: --keep)" in out
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_run_deletes_the_probes_and_reports(sig, code):
+    cluster = FakeCluster(script=[[pod(node_state={"running": {}})]],
+                          on_poll=lambda n: n == 3 and os.kill(os.getpid(), sig))
+    before = signal.getsignal(sig)
+    got, out, _ = _run(cluster)
+    assert got == code and cluster.deleted and not cluster.jobs
+    assert f"interrupted by {signal.Signals(sig).name}" in out
+    assert signal.getsignal(sig) is before, "the handlers are put back"
+
+
+def test_per_node_makes_one_pinned_probe_per_node():
+    cluster = FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
+    code, out, _ = _run(cluster, per_node=True, output="json")
+    [probe] = json.loads(out)
+    [job_name] = cluster.deleted
+    assert probe["name"] == job_name and code == 0
+
+
+def test_missing_runtime_is_unusable():
+    with pytest.raises(adapter.Unusable, match="ClusterTrainingRuntime missing not found"):
+        adapter.Verify(adapter.Options(runtime="missing"), FakeCluster(), io.StringIO(), io.StringIO(), False).run()
+
+
+def test_forbidden_create_is_unusable_and_a_webhook_denial_is_a_probe_answer(monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = json.dumps({"message": 'trainjobs.trainer.kubeflow.org is forbidden: User "u" cannot create'})
+    cluster = FakeCluster(create_error=forbidden)
+    with pytest.raises(adapter.Unusable, match="cannot create TrainJobs in namespace ns: .* is forbidden"):
+        _run(cluster)
+    assert cluster.deleted == [], "a create the API server refused made nothing to delete"
+    denied = ApiException(status=403, reason="Forbidden")
+    denied.body = json.dumps({"message": 'admission webhook "validate.dispatch" denied the request: ErrUnsupported: x'})
+    code, out, _ = _run(FakeCluster(create_error=denied))
+    assert code == 1 and "FAILED at admitted: admission webhook" in out
+
+
+def test_runtime_argument_forms():
+    assert adapter.parse_runtime("torch") == ("ClusterTrainingRuntime", "torch")
+    assert adapter.parse_runtime("trainingruntime/x") == ("TrainingRuntime", "x")
+    assert adapter.parse_runtime("clustertrainingruntimes/x") == ("ClusterTrainingRuntime", "x")
+    with pytest.raises(adapter.Unusable):
+        adapter.parse_runtime("Deployment/x")
+
+
+def test_cli_verify_unusable_is_one_line_and_exit_2(capsys, tmp_path):
+    code = cli.main(["verify", "--runtime", "Pod/x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--runtime 'Pod/x'" in err
+    code = cli.main(["verify", "--runtime", "torch", "--label", "nokey"])
+    assert code == 2 and "--label 'nokey': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_command_takes_the_rest_of_the_line():
+    args = cli.parser().parse_args(["verify", "--runtime", "t", "--command", "/opt/dispatch/publish", "--help", "-x"])
+    assert args.probe_command == ["/opt/dispatch/publish", "--help", "-x"] and args.command == "verify"
+
+
+def test_progress_line_only_when_stdout_is_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    cluster = FakeCluster(script=[[pod(node_state={"running": {}})], [pod(node_state={"terminated": {"exitCode": 0}})]])
+    out, err, clock = Tty(), Tty(), Clock()
+    adapter.Verify(adapter.Options(runtime="torch"), cluster, out, err, progress=True, clock=clock,
+                   sleep=clock.sleep).run()
+    assert "started (running: waiting for it to exit)" in err.getvalue()
+    code, out2, err2 = _run(FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]]))
+    assert err2 == ""

@@ -1,0 +1,549 @@
+"""`verify` (SPEC 9), the part without I/O: the probe TrainJob, the stage a probe reached read from its stored
+TrainJob, its pods and their events, the stored pod template against the settings, what to do on each
+failure, and the report (table or JSON). The adapter (`webhook.verify`) reads the cluster and calls these.
+
+A probe goes through the stages in order: `admitted` (the webhook's entry is on the stored TrainJob),
+`scheduled` (the pod is bound to a node), `pulled` (the image volume or the route-2 init container's image
+is on the node), `started` (the node container's process exists), `ran` (it exited with a code other than
+126 or 127, which are the shell's "cannot execute" and "not found").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable
+
+from . import paths
+from .patch import Entry, PUBLISH_DEST_ENV
+from .rules import NODE_CONTAINER, RuntimeFacts
+from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
+
+PUBLISH_BINARY = paths.PUBLISH_DIR + "/publish"
+DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
+# Labels every probe TrainJob carries: the first finds every probe ever made by verify, the second one run's.
+PROBE_LABEL = "dispatch.go.phpboyscout.uk/verify"
+RUN_LABEL = "dispatch.go.phpboyscout.uk/verify-run"
+# The runtimePatches entry verify writes itself: its labels on the JobSet and pods, the pin to a node
+# (--per-node); never the publish mount.
+VERIFY_MANAGER = "dispatch.go.phpboyscout.uk/verify"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+NOT_EXECUTED = (126, 127)  # the shell's "found but cannot execute" and "not found"
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable")
+START_REASONS = ("StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError",
+                 "CreateContainerConfigError")
+OUTPUT_LINES = 5
+
+
+class Stage(str, Enum):
+    ADMITTED = "admitted"
+    SCHEDULED = "scheduled"
+    PULLED = "pulled"
+    STARTED = "started"
+    RAN = "ran"
+
+
+STAGES = tuple(Stage)
+
+
+def next_stage(stage: Stage | None) -> Stage:
+    return STAGES[0] if stage is None else STAGES[min(STAGES.index(stage) + 1, len(STAGES) - 1)]
+
+
+@dataclass(frozen=True)
+class Failure:
+    stage: Stage
+    message: str  # the cluster's own words
+    hint: str     # what to do
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing the settings say against what the stored pod template holds."""
+    what: str
+    expected: str
+    found: str
+
+    @property
+    def ok(self) -> bool:
+        return self.expected == self.found
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a probe is now: the last stage it reached, and either its end or what it waits for."""
+    reached: Stage | None
+    done: bool = False
+    failure: Failure | None = None
+    waiting: str = ""                 # why it has not reached the next stage yet (the cluster's message)
+    pod: str = ""
+    node: str = ""
+    exit_code: int | None = None
+    container: str = ""               # the container whose log holds the output to report
+    previous: bool = False            # that output is of the container's previous run
+
+    @property
+    def ran(self) -> bool:
+        return self.reached is Stage.RAN and self.failure is None
+
+
+# ---- the probe ----
+
+def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: str,
+                   command: Iterable[str] = DEFAULT_COMMAND, image: str | None = None,
+                   labels: dict[str, str] | None = None, node: dict | None = None,
+                   jobs: Iterable[str] = ()) -> dict:
+    """The probe TrainJob: one node, the trainer command, labelled. Trainer copies no TrainJob label to the
+    JobSet or its pods, so an entry of verify's own manager puts the labels there (on the JobSet and on
+    each of the runtime's replicated `jobs`' pods) and, with `node` (a Node object), pins every pod to it.
+    Never the publish mount: that entry is the webhook's to add."""
+    trainer: dict = {"numNodes": 1, "command": list(command)}
+    if image:
+        trainer["image"] = image
+    ours = {PROBE_LABEL: "probe", RUN_LABEL: run_id}
+    pod_spec: dict = {}
+    if node is not None:
+        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) or node["metadata"]["name"]
+        pod_spec["nodeSelector"] = {HOSTNAME_LABEL: hostname}
+    patch_jobs = []
+    for job in jobs:
+        pod: dict = {"metadata": {"labels": dict(ours)}}
+        if pod_spec:
+            pod["spec"] = json.loads(json.dumps(pod_spec))
+        patch_jobs.append({"name": job, "template": {"spec": {"template": pod}}})
+    entry = {"manager": VERIFY_MANAGER, "trainingRuntimeSpec": {"template": {
+        "metadata": {"labels": dict(ours)}, "spec": {"replicatedJobs": patch_jobs}}}}
+    spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
+                  "trainer": trainer, "runtimePatches": [entry]}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}, "spec": spec}
+
+
+def runtime_jobs(runtime: dict) -> list[str]:
+    """The names of the runtime's replicated jobs (each is pinned with --per-node)."""
+    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return [j["name"] for j in spec.get("replicatedJobs") or [] if isinstance(j, dict) and j.get("name")]
+
+
+def _tolerates(tolerations: list[dict], taint: dict) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t["key"] == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def runtime_tolerations(runtime: dict) -> list[dict]:
+    """The tolerations every replicated job's pod of the runtime carries (a taint must be tolerated by all)."""
+    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
+    per_job = [(((j.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("tolerations")
+               or [] for j in spec.get("replicatedJobs") or [] if isinstance(j, dict)]
+    if not per_job:
+        return []
+    return [t for t in per_job[0] if all(t in others for others in per_job[1:])]
+
+
+def schedulable_nodes(nodes: list[dict], tolerations: list[dict]) -> list[dict]:
+    """Nodes a probe can be pinned to: Ready, not cordoned, and no NoSchedule or NoExecute taint the runtime's
+    pods do not tolerate. Sorted by name."""
+    out = []
+    for n in nodes:
+        spec, status = n.get("spec") or {}, n.get("status") or {}
+        if spec.get("unschedulable"):
+            continue
+        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        if ready.get("status") != "True":
+            continue
+        if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, t)
+               for t in spec.get("taints") or []):
+            continue
+        out.append(n)
+    return sorted(out, key=lambda n: n["metadata"]["name"])
+
+
+# ---- the entry on the stored TrainJob ----
+
+def find_entry(trainjob: dict | None, manager: str) -> dict | None:
+    for e in ((trainjob or {}).get("spec") or {}).get("runtimePatches") or []:
+        if isinstance(e, dict) and e.get("manager") == manager:
+            return e
+    return None
+
+
+@dataclass(frozen=True)
+class Route:
+    """The publish route the stored entry carries: route 2 when it adds an init container."""
+    init_container: str | None
+
+    @property
+    def number(self) -> int:
+        return 2 if self.init_container else 1
+
+
+def route_of(entry: dict | None) -> Route:
+    for job in ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}) \
+            .get("replicatedJobs") or []:
+        pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        for init in pod.get("initContainers") or []:
+            if any(m.get("mountPath") == paths.PUBLISH_DIR for m in init.get("volumeMounts") or []):
+                return Route(init.get("name"))
+    return Route(None)
+
+
+def _entry_publish_image(entry: dict | None) -> str:
+    for job in ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}) \
+            .get("replicatedJobs") or []:
+        pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        for v in pod.get("volumes") or []:
+            if v.get("name") == PUBLISH_VOLUME and isinstance(v.get("image"), dict):
+                return v["image"].get("reference") or ""
+    return ""
+
+
+# ---- the stage, from the stored TrainJob, its pods and their events ----
+
+def _condition(obj: dict, kind: str) -> dict:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _statuses(pod: dict, key: str) -> dict[str, dict]:
+    return {s.get("name"): s for s in (pod.get("status") or {}).get(key) or []}
+
+
+def _has_node_container(pod: dict) -> bool:
+    return any(c.get("name") == NODE_CONTAINER for c in (pod.get("spec") or {}).get("containers") or [])
+
+
+def probe_pod(pods: list[dict]) -> dict | None:
+    """The probe's node pod: the newest not being deleted (a Job may replace a failed pod), else the newest."""
+    mine = [p for p in pods if _has_node_container(p)]
+    if not mine:
+        return None
+    live = [p for p in mine if not p["metadata"].get("deletionTimestamp")] or mine
+    return max(live, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+
+
+def _terminated(status: dict) -> tuple[dict | None, bool]:
+    """The container's termination (state, else lastState) and whether it is of the previous run."""
+    state, last = status.get("state") or {}, status.get("lastState") or {}
+    if "terminated" in state:
+        return state["terminated"] or {}, False
+    if "terminated" in last:
+        return last["terminated"] or {}, True
+    return None, False
+
+
+def _term_text(term: dict) -> str:
+    text = (term.get("message") or "").strip()
+    head = f"{term.get('reason') or 'Terminated'}, exit code {term.get('exitCode')}"
+    return f"{head}: {text}" if text else head
+
+
+def _pull_event(events: list[dict]) -> str:
+    """The kubelet's latest pull failure, as its event says it (image volumes report only there)."""
+    found = [e for e in events if e.get("reason") == "Failed"
+             and (e.get("message") or "").startswith("Failed to pull image")]
+    if not found:
+        return ""
+    found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return found[-1]["message"]
+
+
+def _scheduling_message(pod: dict, events: list[dict]) -> str:
+    cond = _condition(pod, "PodScheduled")
+    if cond.get("message"):
+        return f"{cond.get('reason') or 'Unschedulable'}: {cond['message']}"
+    found = [e for e in events if e.get("reason") == "FailedScheduling"]
+    if found:
+        return f"FailedScheduling: {found[-1].get('message')}"
+    return "the pod is not bound to a node yet"
+
+
+def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manager: str) -> Status:
+    """The stage the probe reached and whether it ended there. Ends are: no entry (the webhook did not
+    mutate it), a pull error, a start error, and an exit. Not being scheduled is not an end: the
+    scheduler may still place the pod; the timeout ends it (`timed_out`)."""
+    entry = find_entry(trainjob, manager)
+    if entry is None:
+        return Status(None, done=True, failure=Failure(Stage.ADMITTED, NO_ENTRY, hint_for(Stage.ADMITTED, NO_ENTRY)))
+    route = route_of(entry)
+    pod = probe_pod(pods)
+    if pod is None:
+        suspended = ((trainjob or {}).get("spec") or {}).get("suspend")
+        why = "no pod yet"
+        if suspended:
+            cond = _condition(trainjob or {}, "Suspended")
+            why = f"no pod yet: the TrainJob is suspended ({cond.get('message') or 'spec.suspend is true'})"
+        return Status(Stage.ADMITTED, waiting=why)
+    name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
+    pod_events = [e for e in events if (e.get("involvedObject") or {}).get("name") == name]
+    if _condition(pod, "PodScheduled").get("status") != "True" and not node:
+        return Status(Stage.ADMITTED, waiting=_scheduling_message(pod, pod_events), pod=name)
+
+    def at(stage: Stage | None, **kw) -> Status:
+        return Status(stage, pod=name, node=node, **kw)
+
+    def failed(stage: Stage, message: str, **kw) -> Status:
+        return at(STAGES[STAGES.index(stage) - 1], done=True, failure=Failure(stage, message, hint_for(
+            stage, message, route)), **kw)
+
+    node_status = _statuses(pod, "containerStatuses").get(NODE_CONTAINER, {})
+    init_status = _statuses(pod, "initContainerStatuses").get(route.init_container, {}) if route.init_container else {}
+    # pulled: the init container's image (route 2) and the image volume (route 1) reach the node
+    for status in (init_status, node_status):
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PULL_REASONS:
+            return failed(Stage.PULLED, f"{waiting['reason']}: {waiting.get('message') or _pull_event(pod_events)}")
+    pull_error = _pull_event(pod_events)
+    node_state = node_status.get("state") or {}
+    node_started = "running" in node_state or _terminated(node_status)[0] is not None
+    if pull_error and not node_started and "running" not in (init_status.get("state") or {}) \
+            and not _terminated(init_status)[0]:
+        return failed(Stage.PULLED, pull_error)
+    # route 2: the init container must have copied (exited 0) for the node container to start
+    if route.init_container:
+        term, previous = _terminated(init_status)
+        if term is not None and term.get("exitCode") != 0 and not node_started:
+            return failed(Stage.STARTED, f"init container {route.init_container} {_term_text(term)}",
+                          container=route.init_container, previous=previous)
+    # started and ran: the node container
+    term, previous = _terminated(node_status)
+    waiting = node_state.get("waiting") or {}
+    if term is not None:
+        code = term.get("exitCode")
+        if term.get("reason") in START_REASONS or code in NOT_EXECUTED:
+            return failed(Stage.STARTED, _term_text(term), exit_code=code)
+        return at(Stage.RAN, done=True, exit_code=code, container=NODE_CONTAINER, previous=previous)
+    if waiting.get("reason") in START_REASONS:
+        return failed(Stage.STARTED, f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": "))
+    if "running" in node_state:
+        return at(Stage.STARTED, waiting="running: waiting for it to exit")
+    if init_status and not _terminated(init_status)[0]:
+        if "running" in (init_status.get("state") or {}):
+            return at(Stage.PULLED, waiting=f"init container {route.init_container} is running")
+    reason = waiting.get("reason") or (pod.get("status") or {}).get("phase") or "Pending"
+    text = waiting.get("message") or ""
+    if (pod.get("status") or {}).get("phase") == "Failed":
+        return failed(Stage.STARTED, f"pod failed: {(pod.get('status') or {}).get('reason')}: "
+                                     f"{(pod.get('status') or {}).get('message')}")
+    return at(Stage.SCHEDULED, waiting=f"{reason}: {text}" if text else reason)
+
+
+def timed_out(status: Status, seconds: float) -> Status:
+    """The probe at the deadline: it failed at the stage after the one it reached, with what it waited for."""
+    if status.done:
+        return status
+    stage = next_stage(status.reached)
+    message = f"not {stage.value} after {seconds:g}s: {status.waiting or 'no news from the cluster'}"
+    return Status(status.reached, done=True, failure=Failure(stage, message, hint_for(stage, message)),
+                  waiting=status.waiting, pod=status.pod, node=status.node)
+
+
+def interrupted(status: Status, signal_name: str) -> Status:
+    if status.done:
+        return status
+    stage = next_stage(status.reached)
+    message = f"interrupted by {signal_name} while {status.waiting or 'waiting'}"
+    return Status(status.reached, done=True, failure=Failure(stage, message, "run verify again and let it finish"),
+                  pod=status.pod, node=status.node)
+
+
+def refused(message: str) -> Status:
+    """The API server refused the probe's create on a webhook's word (ours, or another)."""
+    return Status(None, done=True, failure=Failure(Stage.ADMITTED, message, hint_for(Stage.ADMITTED, message)))
+
+
+# ---- what to do ----
+
+NO_ENTRY = "the stored TrainJob has no entry: the webhook did not mutate it"
+
+
+def hint_for(stage: Stage, message: str, route: Route | None = None) -> str:
+    low = message.lower()
+    if stage is Stage.ADMITTED:
+        if message == NO_ENTRY:
+            return ("install the webhook (helm install), or check that its MutatingWebhookConfiguration selects this "
+                    "namespace and these labels (namespaceSelector, objectSelector) and that --settings names its "
+                    "manager")
+        return ("the webhook refused the probe on this runtime: fix what the message names "
+                "(`dispatch-admission audit` lists each runtime that cannot carry the mount)")
+    if stage is Stage.SCHEDULED:
+        if "suspended" in low:
+            return ("the TrainJob stays suspended: where Kueue queues TrainJobs, pass "
+                    "--label kueue.x-k8s.io/queue-name=QUEUE (and a longer --timeout if the queue is busy)")
+        return ("no node takes the probe: free or add what the scheduler names (GPUs, CPU, memory, taints), or "
+                "verify a runtime whose requests fit; a longer --timeout if nodes are scaling up")
+    if stage is Stage.PULLED:
+        return ("the node cannot pull the image: check that publish.image's digest exists in its registry, that the "
+                "node can reach the registry, and the pull secrets; image volumes need Kubernetes 1.35+ "
+                "(or the ImageVolume feature gate) and a runtime that supports them (containerd 2.1+, CRI-O 1.31+)")
+    if stage is Stage.STARTED:
+        if "permission denied" in low:
+            return ("the publish volume is mounted noexec on this node's container runtime: use route 2 "
+                    "(publish.via: initContainer) there")
+        if "no such file or directory" in low or "not found" in low:
+            if route is not None and route.number == 2:
+                return (f"route 2: the init container copied nothing to {paths.PUBLISH_DIR}: its command must copy "
+                        f"the binary to ${PUBLISH_DEST_ENV}/publish")
+            return (f"{PUBLISH_BINARY} is not in the mounted image: check that publish.image is the publish image "
+                    "(the binary `publish` at its root)")
+        if "init container" in low:
+            return "the init container failed: read its log (kubectl logs POD -c INIT) and fix its command or image"
+        return "the container could not start: read the message, then `kubectl describe pod` on a kept probe (--keep)"
+    return "read the probe's output above"
+
+
+# ---- the stored pod template against the settings ----
+
+def _mount(container: dict) -> dict | None:
+    return next((m for m in container.get("volumeMounts") or [] if m.get("name") == PUBLISH_VOLUME), None)
+
+
+def _describe_mount(m: dict | None) -> str:
+    if m is None:
+        return "no mount"
+    return f"{m.get('mountPath')} {'read-only' if m.get('readOnly') else 'read-write'}"
+
+
+def template_checks(pod: dict | None, entry: dict | None, settings: Settings | None,
+                    expected: Entry | None = None) -> list[Check]:
+    """What the settings say (else the stored entry) against what the probe's pod holds: the publish mount
+    read-only at /opt/dispatch on the node container, and the image (route 1: the image volume's reference;
+    route 2: an emptyDir the init container fills). `expected`: the entry the settings produce for the runtime."""
+    checks: list[Check] = []
+    if entry is not None and expected is not None:
+        checks.append(Check("entry", "as the settings produce it",
+                            "as the settings produce it" if expected.matches(entry)
+                            else "differs from what the settings produce"))
+    if pod is None:
+        return checks
+    spec = pod.get("spec") or {}
+    publish = settings.publish if settings is not None else None
+    node = next((c for c in spec.get("containers") or [] if c.get("name") == NODE_CONTAINER), {})
+    checks.append(Check("node container mount", f"{paths.PUBLISH_DIR} read-only", _describe_mount(_mount(node))))
+    volume = next((v for v in spec.get("volumes") or [] if v.get("name") == PUBLISH_VOLUME), None)
+    route2 = publish.via == ROUTE_INIT_CONTAINER if publish is not None else route_of(entry).number == 2
+    if route2:
+        init_name = publish.init_container if publish is not None else route_of(entry).init_container
+        init = next((c for c in spec.get("initContainers") or [] if c.get("name") == init_name), {})
+        checks.append(Check("publish volume", "emptyDir", "emptyDir" if volume and "emptyDir" in volume
+                            else json.dumps(volume)))
+        found = _mount(init)
+        checks.append(Check(f"init container {init_name} mount", f"{paths.PUBLISH_DIR} read-write",
+                            _describe_mount(found)))
+    else:
+        want = publish.image if publish is not None else _entry_publish_image(entry)
+        got = ((volume or {}).get("image") or {}).get("reference") or (json.dumps(volume) if volume else "no volume")
+        checks.append(Check("image volume", want, got))
+    return checks
+
+
+def expected_entry(settings: Settings | None, facts: RuntimeFacts | None) -> Entry | None:
+    if settings is None or facts is None or not settings.configured or not facts.targets:
+        return None
+    return Entry.build(settings, facts.targets)
+
+
+# ---- the report ----
+
+@dataclass
+class Probe:
+    name: str
+    namespace: str
+    runtime: str                       # KIND/NAME
+    pinned: str = ""                   # the node it was pinned to (--per-node)
+    status: Status = field(default_factory=lambda: Status(None))
+    output: str = ""                   # the last lines of the binary's output
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return self.status.node or self.pinned
+
+    def stages(self) -> list[dict]:
+        out = []
+        reached = -1 if self.status.reached is None else STAGES.index(self.status.reached)
+        for i, stage in enumerate(STAGES):
+            if i <= reached:
+                state, message = "reached", ""
+                if stage is Stage.RAN:
+                    message = f"exit code {self.status.exit_code}"
+            elif self.status.failure is not None and self.status.failure.stage is stage:
+                state, message = "failed", self.status.failure.message
+            else:
+                state, message = "not-reached", ""
+            out.append({"stage": stage.value, "state": state, "message": message})
+        return out
+
+    def as_json(self) -> dict:
+        f = self.status.failure
+        return {"name": self.name, "namespace": self.namespace, "runtime": self.runtime, "node": self.node,
+                "pod": self.status.pod, "reached": self.status.reached.value if self.status.reached else None,
+                "ran": self.status.ran, "exitCode": self.status.exit_code, "output": self.output,
+                "failure": {"stage": f.stage.value, "message": f.message, "hint": f.hint} if f else None,
+                "stages": self.stages(),
+                "checks": [{"check": c.what, "expected": c.expected, "found": c.found, "ok": c.ok}
+                           for c in self.checks]}
+
+
+def exit_code(probes: list[Probe]) -> int:
+    return 0 if probes and all(p.status.ran for p in probes) else 1
+
+
+def render_json(probes: list[Probe]) -> str:
+    return json.dumps([p.as_json() for p in probes], indent=2) + "\n"
+
+
+def render_table(probes: list[Probe], deleted: bool = True) -> str:
+    rows = [("PROBE", "NODE", "REACHED", "RESULT")]
+    notes: list[list[str]] = []
+    for p in probes:
+        st = p.status
+        if st.failure is not None:
+            result = f"FAILED at {st.failure.stage.value}: {st.failure.message}"
+            extra = [f"what to do: {st.failure.hint}"]
+        else:
+            result = f"ran, exit code {st.exit_code}"
+            extra = []
+        if p.output:
+            extra.append("output: " + " | ".join(p.output.splitlines()[-OUTPUT_LINES:]))
+        for c in p.checks:
+            extra.append(f"{'ok' if c.ok else 'DIFFERS'}: {c.what}: {c.found}"
+                         + ("" if c.ok else f" (the settings say {c.expected})"))
+        rows.append((p.name, p.node or "-", st.reached.value if st.reached else "-", result))
+        notes.append(extra)
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{rows[0][0]:<{widths[0]}}  {rows[0][1]:<{widths[1]}}  {rows[0][2]:<{widths[2]}}  {rows[0][3]}"]
+    for row, extra in zip(rows[1:], notes):
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+        lines += [f"    {x}" for x in extra]
+    lines.append(verdict(probes, deleted))
+    return "\n".join(lines) + "\n"
+
+
+def verdict(probes: list[Probe], deleted: bool = True) -> str:
+    ran = sum(p.status.ran for p in probes)
+    runtime = probes[0].runtime if probes else "?"
+    kept = "" if deleted else " (probes kept: --keep)"
+    if probes and ran == len(probes):
+        return f"ok: {ran} of {len(probes)} probes on {runtime} ran the binary through the publish mount{kept}"
+    failed = sorted({p.status.failure.stage.value for p in probes if p.status.failure}, key=lambda s: STAGES.index(
+        Stage(s)))
+    return f"FAILED: {len(probes) - ran} of {len(probes)} probes on {runtime} did not run the binary" \
+           f" (failed at: {', '.join(failed)}){kept}"
+
+
+def progress_line(probes: list[Probe], elapsed: float) -> str:
+    parts = []
+    for p in probes:
+        st = p.status
+        where = st.reached.value if st.reached else "creating"
+        parts.append(f"{p.name}: {'done at ' if st.done else ''}{where}"
+                     + (f" ({st.waiting})" if st.waiting and not st.done else ""))
+    return f"[{elapsed:4.0f}s] " + "; ".join(parts)

@@ -1,0 +1,386 @@
+"""`dispatch-admission verify` (SPEC 9): run probe TrainJobs through the installed webhook on a live cluster and
+report the stage each reached (`core.verify` judges; this module talks to the API server).
+
+Calls made, and the RBAC they need: get of the runtime (ClusterTrainingRuntime, or TrainingRuntime in NS);
+list of nodes (--per-node); create, get and delete of TrainJobs in NS (the only writes: the probes, labelled
+`dispatch.go.phpboyscout.uk/verify`); list of pods and events in NS, and get of pods/log. Progress is polled,
+once a second: one probe's pods and events are a handful of small reads.
+
+The probes are deleted on every path (done, failed, timed out, SIGINT, SIGTERM) unless --keep: their names
+are chosen before the create, so a signal that lands mid-create still leaves a name to delete; the delete
+is a foreground cascade, and verify waits (bounded) until the TrainJob is gone, which is after its JobSet,
+Jobs and pods.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import IO, Callable
+
+from .core import verify as core
+from .core.rules import runtime_facts
+from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND
+from .core.settings import DEFAULT_MANAGER, Settings
+
+VERSION = "v1alpha1"
+PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
+KIND_NAMES = {k.lower(): k for k in PLURALS} | {p: k for k, p in PLURALS.items()} | \
+    {p[:-1]: k for k, p in PLURALS.items()}
+TIMEOUT = (5, 30)            # connect, read: for every call
+POLL_SECONDS = 1.0
+GONE_SECONDS = 90.0          # how long cleanup waits for the probes to be gone
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class Unusable(Exception):
+    """verify cannot run (the cluster, the runtime, the namespace): exit 2 with the reason in one line."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: stop waiting, clean up, report."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass
+class Options:
+    runtime: str
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    settings: Settings | None = None
+    per_node: bool = False
+    image: str | None = None
+    command: list[str] = field(default_factory=lambda: list(core.DEFAULT_COMMAND))
+    labels: dict[str, str] = field(default_factory=dict)
+    timeout: float = 300.0
+    keep: bool = False
+    output: str = "table"
+
+
+def parse_runtime(text: str) -> tuple[str, str]:
+    """KIND/NAME (KIND: ClusterTrainingRuntime or TrainingRuntime, any case, or their plurals); NAME alone is
+    a ClusterTrainingRuntime."""
+    kind, _, name = text.rpartition("/")
+    kind = KIND_NAMES.get(kind.lower()) if kind else CLUSTER_KIND
+    if not kind or not name:
+        raise Unusable(f"--runtime {text!r}: expected KIND/NAME with KIND ClusterTrainingRuntime or TrainingRuntime")
+    return kind, name
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise Unusable(f"--label {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _api_error(e) -> str:
+    """The API server's own message from an ApiException (its Status body), else its status line."""
+    import json
+
+    try:
+        body = json.loads(e.body)
+        if body.get("message"):
+            return body["message"]
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return f"{e.status} {e.reason}"
+
+
+def _fault(what: str, e: Exception) -> Unusable:
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(e, ApiException):
+        return Unusable(f"{what}: {_api_error(e)}")
+    return Unusable(f"{what}: {type(e).__name__}: {str(e)[:300]}")
+
+
+class Cluster:
+    """The API calls verify makes, with the official client."""
+
+    def __init__(self, kubeconfig: str | None):
+        from kubernetes import client
+
+        from .cluster import api_client
+
+        try:
+            self.client = api_client(kubeconfig, prefer_kubeconfig=True)
+        except Exception as e:
+            raise Unusable(f"no cluster to talk to: {type(e).__name__}: {str(e)[:300]}") from None
+        self.custom = client.CustomObjectsApi(self.client)
+        self.core = client.CoreV1Api(self.client)
+
+    def default_namespace(self, kubeconfig: str | None) -> str:
+        """The kubeconfig context's namespace, else the pod's own (in a cluster), else `default`."""
+        from kubernetes import config
+
+        try:
+            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+            ns = (active or {}).get("context", {}).get("namespace")
+            if ns:
+                return ns
+        except Exception:  # no kubeconfig: in-cluster
+            pass
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as f:
+                return f.read().strip() or "default"
+        except OSError:
+            return "default"
+
+    def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            if kind == CLUSTER_KIND:
+                return self.custom.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
+                                                             _request_timeout=TIMEOUT)
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
+                                                            _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _fault(f"cannot read {kind} {name}", e) from None
+        except Exception as e:
+            raise _fault(f"cannot read {kind} {name}", e) from None
+
+    def nodes(self) -> list[dict]:
+        try:
+            got = self.core.list_node(_request_timeout=TIMEOUT, _preload_content=False)
+        except Exception as e:
+            raise _fault("cannot list nodes (--per-node)", e) from None
+        return _json(got).get("items") or []
+
+    def create(self, namespace: str, trainjob: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", trainjob,
+                                                           _request_timeout=TIMEOUT)
+
+    def trainjob(self, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
+                                                            _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def pods(self, namespace: str, name: str) -> list[dict]:
+        got = self.core.list_namespaced_pod(namespace, label_selector=f"{core.JOBSET_NAME_LABEL}={name}",
+                                            _request_timeout=TIMEOUT, _preload_content=False)
+        return _json(got).get("items") or []
+
+    def events(self, namespace: str, pod: str) -> list[dict]:
+        got = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}",
+                                              _request_timeout=TIMEOUT, _preload_content=False)
+        return _json(got).get("items") or []
+
+    def log_tail(self, namespace: str, pod: str, container: str, previous: bool, lines: int) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod_log(pod, namespace, container=container, previous=previous,
+                                                     tail_lines=lines, _request_timeout=TIMEOUT)
+        except ApiException as e:
+            return f"(the output cannot be read: {_api_error(e)})"
+        except Exception as e:
+            return f"(the output cannot be read: {type(e).__name__})"
+
+    def delete(self, namespace: str, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
+                                                        propagation_policy="Foreground", _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def _json(response) -> dict:
+    import json
+
+    return json.loads(response.data)
+
+
+def _raise_on(name: str):
+    def handler(signum, frame):
+        raise Interrupted(name)
+    return handler
+
+
+class Verify:
+    """One run: the probes made, followed to an end, deleted, reported."""
+
+    def __init__(self, opts: Options, cluster: Cluster, out: IO[str], err: IO[str], progress: bool,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.opts, self.cluster, self.out, self.err, self.show_progress = opts, cluster, out, err, progress
+        self.clock, self.sleep = clock, sleep
+        self.run_id = secrets.token_hex(4)
+        self.probes: list[core.Probe] = []
+        self.attempted: list[str] = []  # every name a create was sent for
+        self.manager = opts.settings.manager if opts.settings is not None else DEFAULT_MANAGER
+        self.expected = None
+
+    # -- the run --
+
+    def run(self) -> int:
+        kind, name = parse_runtime(self.opts.runtime)
+        namespace = self.opts.namespace or self.cluster.default_namespace(self.opts.kubeconfig)
+        runtime = self.cluster.runtime(kind, namespace, name)
+        if runtime is None:
+            where = f" in namespace {namespace}" if kind == NAMESPACED_KIND else ""
+            raise Unusable(f"{kind} {name} not found{where}")
+        if self.opts.settings is not None:
+            self.expected = core.expected_entry(self.opts.settings, runtime_facts(runtime, self.opts.settings))
+        nodes: list[dict | None] = [None]
+        if self.opts.per_node:
+            nodes = core.schedulable_nodes(self.cluster.nodes(), core.runtime_tolerations(runtime))
+            if not nodes:
+                raise Unusable("--per-node: no schedulable node (Ready, not cordoned, taints tolerated by the runtime)")
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        signal.signal(signal.SIGINT, _raise_on("SIGINT"))
+        signal.signal(signal.SIGTERM, _raise_on("SIGTERM"))
+        stopped_by = None
+        try:
+            try:
+                for node in nodes:
+                    self._create(kind, name, namespace, runtime, node)
+                self._follow(namespace)
+            except Interrupted as e:
+                stopped_by = e.name
+                for p in self.probes:
+                    p.status = core.interrupted(p.status, e.name)
+        finally:
+            for s in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
+                signal.signal(s, signal.SIG_IGN)
+            try:
+                deleted = self._cleanup(namespace)
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
+        self._progress_done()
+        text = core.render_json(self.probes) if self.opts.output == "json" else \
+            core.render_table(self.probes, deleted=deleted)
+        self.out.write(text)
+        self.out.flush()
+        if stopped_by:
+            return EXIT_SIGNAL[stopped_by]
+        return core.exit_code(self.probes)
+
+    def _create(self, kind: str, runtime_name: str, namespace: str, runtime: dict, node: dict | None) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = f"verify-{secrets.token_hex(3)}"
+        doc = core.probe_trainjob(name, namespace, kind, runtime_name, self.run_id, self.opts.command,
+                                  self.opts.image, self.opts.labels, node, core.runtime_jobs(runtime))
+        probe = core.Probe(name, namespace, f"{kind}/{runtime_name}",
+                           pinned=node["metadata"]["name"] if node is not None else "")
+        self.attempted.append(name)
+        try:
+            stored = self.cluster.create(namespace, doc)
+        except ApiException as e:
+            self.attempted.remove(name)  # the API server answered: nothing was made
+            message = _api_error(e)
+            if "denied the request" in message:  # a webhook's refusal: this probe's answer
+                probe.status = core.refused(message)
+                self.probes.append(probe)
+                return
+            raise Unusable(f"cannot create TrainJobs in namespace {namespace}: {message}") from None
+        except Exception as e:
+            raise _fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
+        probe.status = core.classify(stored, [], [], self.manager)
+        self.probes.append(probe)
+
+    def _follow(self, namespace: str) -> None:
+        started = self.clock()
+        deadline = started + self.opts.timeout
+        while True:
+            for p in self.probes:
+                if not p.status.done:
+                    self._observe(p, namespace)
+            self._progress(self.clock() - started)
+            if all(p.status.done for p in self.probes):
+                return
+            if self.clock() >= deadline:
+                for p in self.probes:
+                    p.status = core.timed_out(p.status, self.opts.timeout)
+                return
+            self.sleep(POLL_SECONDS)
+
+    def _observe(self, p: core.Probe, namespace: str) -> None:
+        try:
+            trainjob = self.cluster.trainjob(namespace, p.name)
+            if trainjob is None:
+                p.status = core.Status(p.status.reached, done=True, failure=core.Failure(
+                    core.next_stage(p.status.reached), "the probe TrainJob was deleted by someone else",
+                    "run verify again"))
+                return
+            pods = self.cluster.pods(namespace, p.name)
+            pod = core.probe_pod(pods)
+            events = self.cluster.events(namespace, pod["metadata"]["name"]) if pod else []
+        except Interrupted:
+            raise
+        except Exception as e:  # a transient read error: keep the last status, say why on the progress line
+            p.status = core.Status(p.status.reached, waiting=f"cannot read the cluster now: {type(e).__name__}",
+                                   pod=p.status.pod, node=p.status.node)
+            return
+        p.status = core.classify(trainjob, pods, events, self.manager)
+        entry = core.find_entry(trainjob, self.manager)
+        if entry is not None:
+            p.checks = core.template_checks(pod, entry, self.opts.settings, self.expected)
+        if p.status.done and p.status.container:
+            p.output = self.cluster.log_tail(namespace, p.status.pod, p.status.container, p.status.previous,
+                                             core.OUTPUT_LINES).rstrip("\n")
+
+    def _cleanup(self, namespace: str) -> bool:
+        """Delete every probe a create was sent for; True when they are gone (or --keep kept them: False)."""
+        if self.opts.keep or not self.attempted:
+            return not self.opts.keep
+        failures = []
+        for name in self.attempted:
+            try:
+                self.cluster.delete(namespace, name)
+            except Exception as e:
+                failures.append(f"{name}: {_fault('delete', e)}")
+        deadline = self.clock() + GONE_SECONDS
+        left = list(self.attempted)
+        while left and self.clock() < deadline:
+            try:
+                left = [n for n in left if self.cluster.trainjob(namespace, n) is not None]
+            except Exception:
+                pass
+            if left:
+                self.sleep(POLL_SECONDS)
+        if failures or left:
+            self.err.write(f"verify: could not delete every probe ({'; '.join(failures) or 'still there: ' + ', '.join(left)}):"
+                           f" kubectl delete trainjobs -n {namespace} -l {core.RUN_LABEL}={self.run_id}\n")
+            return False
+        return True
+
+    # -- the progress line (stdout a terminal only) --
+
+    def _progress(self, elapsed: float) -> None:
+        if self.show_progress:
+            line = core.progress_line(self.probes, elapsed)[:200]
+            self.err.write("\r\033[K" + line)
+            self.err.flush()
+
+    def _progress_done(self) -> None:
+        if self.show_progress:
+            self.err.write("\r\033[K")
+            self.err.flush()
+
+
+def run(opts: Options, out: IO[str], err: IO[str]) -> int:
+    cluster = Cluster(opts.kubeconfig)
+    progress = out.isatty() and err.isatty()
+    return Verify(opts, cluster, out, err, progress).run()
