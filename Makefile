@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock
+.PHONY: install run test unit e2e toolchain wrk bench bench-cluster bench-kyverno sweep clean lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ lock: install
 # Our webhooks beside Trainer's on one API server (issue 15): admission latency as the API server measures it.
 bench-cluster: install toolchain
 	$(PY) bench/cluster.py
+
+# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
+KYVERNO_N ?= 200
+bench-kyverno: install toolchain
+	$(PY) bench/cluster.py --kyverno-only -n $(KYVERNO_N)
 
 # Every rule disabled in turn must fail the unit suite (slow: ~20 min).
 sweep: install

@@ -239,7 +239,8 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
     return at_once, settled, rss, count
 
 
-def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
+def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "") -> list[str]:
+    """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4)."""
     out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
            f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}", ""]
     with contextlib.ExitStack() as stack:
@@ -252,8 +253,12 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
         stack.callback(stop, proc)
         for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
             cluster.apply(doc)
-        hooks = start_our_webhooks(stack, cluster, tmp)
         custom = api(cluster, max(levels) * 2)
+        if kyverno == "only":
+            import kyverno_bench
+
+            return out + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, histograms, delta, None, 1)
+        hooks = start_our_webhooks(stack, cluster, tmp)
         create_many(custom, "warm", 50, 4)  # connections, caches and JIT-less warm-up on both sides
 
         out += ["## 1. Admission duration per webhook, as the API server measures it", "",
@@ -304,6 +309,10 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
         for count in runtime_counts:
             at_once, settled, rss, existing = time_to_ready(cluster, tmp, count, custom, existing)
             out.append(f"| {count:,} | {at_once:.1f} | {settled:.1f} | {', '.join(f'{r:.0f}' for r in rss)} |")
+        if kyverno == "also":
+            import kyverno_bench
+
+            out += [""] + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, histograms, delta, hooks, existing)
     return out
 
 
@@ -313,9 +322,12 @@ def main() -> int:
     p.add_argument("--levels", default="1,8,32", help="concurrency levels")
     p.add_argument("--runtimes", default="1,1000,10000", help="runtime counts for the time to ready")
     p.add_argument("--quick", action="store_true", help="n=100, runtimes 1 and 1,000")
+    p.add_argument("--kyverno", action="store_true", help="then section 4: against Kyverno's policies (bench/kyverno)")
+    p.add_argument("--kyverno-only", action="store_true", help="section 4 alone")
     args = p.parse_args()
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
-    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")]):
+    kyverno = "only" if args.kyverno_only else "also" if args.kyverno else ""
+    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")], kyverno):
         print(line, flush=True)
     return 0
 
