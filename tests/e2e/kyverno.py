@@ -10,11 +10,13 @@ a CA it issues itself. Its configurations outlive it (failurePolicy Fail), so `s
 from __future__ import annotations
 
 import base64
+import json
 import contextlib
 import os
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import requests
@@ -32,7 +34,6 @@ SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
 MUTATE_HOOK = "mutate.kyverno.svc-fail"
 VALIDATE_HOOK = "validate.kyverno.svc-fail"
 OUR_CONFIGURATION = "dispatch-admission-beside-kyverno"
-urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
 
 def install(cluster) -> None:
@@ -42,7 +43,7 @@ def install(cluster) -> None:
     cluster.kubectl("create", "namespace", "kyverno")
     selector = {"namespaceSelector": {"matchLabels": {ENGINE_LABEL: "kyverno"}}}
     cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kyverno", "namespace": "kyverno"},
-                   "data": {"webhooks": yaml.safe_dump(selector, default_flow_style=True).strip()}})
+                   "data": {"webhooks": json.dumps(selector)}})
 
 
 class Kyverno:
@@ -90,11 +91,13 @@ class Kyverno:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._alive()
-            try:  # its CA is its own, issued at start: nothing to verify against yet
-                if requests.get(f"https://127.0.0.1:{self.port}/health/readiness", verify=False, timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
+            with warnings.catch_warnings():  # its CA is its own, issued at start: nothing to verify against yet
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+                try:
+                    if requests.get(f"https://127.0.0.1:{self.port}/health/readiness", verify=False, timeout=2).ok:
+                        return
+                except requests.RequestException:
+                    pass
             time.sleep(0.2)
         raise RuntimeError(f"kyverno not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
 
