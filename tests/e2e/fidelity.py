@@ -91,10 +91,11 @@ class Outcome:
     message: str = ""
     entry: dict | None = None   # the publish entry of the stored object, `time` left out
     index: int | None = None
+    code: int = 0               # the HTTP status of a refusal
 
     def summary(self) -> str:
         if not self.allowed:
-            return "refused: " + self.message
+            return f"refused ({self.code}): " + self.message
         where = "no entry" if self.entry is None else f"entry at {self.index}"
         return f"admitted, {where}"
 
@@ -343,7 +344,7 @@ def _send(custom, ns: str, obj: dict, replace: bool = False) -> Outcome:
         else:
             got = custom.create_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs", obj)
     except ApiException as exc:
-        return Outcome(False, _message(exc))
+        return Outcome(False, _message(exc), code=exc.status)
     entry, index = _own(got)
     return Outcome(True, "", entry, index)
 
@@ -393,17 +394,20 @@ def _cell(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def report(results: list[Result]) -> list[str]:
+def report(results: list[Result], every: bool = False) -> list[str]:
+    """The counts, then one row per disagreement (per case, with `every`)."""
     agreed = sum(r.agree for r in results)
     out = [f"{len(results)} TrainJobs through both ({sum(r.case.operation == 'CREATE' for r in results)} creates, "
            f"{sum(r.case.operation == 'UPDATE' for r in results)} updates): they agree on {agreed}, "
            f"disagree on {len(results) - agreed}. Ours answers {sum(r.ours_as_spec_says for r in results)} "
            f"of {len(results)} as SPEC says; Kyverno's policies {sum(r.kyverno_as_spec_says for r in results)}.",
-           "", "| case | from | SPEC | ours | Kyverno |", "|---|---|---|---|---|"]
+           "", "| case | from | SPEC | ours | Kyverno |" + (" agree |" if every else ""),
+           "|---|---|---|---|---|" + ("---|" if every else "")]
     for r in results:
-        if not r.agree:
+        if every or not r.agree:
             ours, kyv = r.ours.summary(), r.kyverno.summary()
             if r.ours.allowed and r.kyverno.allowed and r.ours.entry and r.kyverno.entry and r.ours.entry != r.kyverno.entry:
                 kyv += " (a different entry)"
-            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | {_cell(kyv)} |")
+            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | {_cell(kyv)} |"
+                       + ((" yes |" if r.agree else " **no** |") if every else ""))
     return out

@@ -44,10 +44,12 @@ def both(tmp_path_factory):
         yield cluster
 
 
-def test_the_same_trainjobs_through_ours_and_kyverno(both, capsys):
+def test_the_same_trainjobs_through_ours_and_kyverno(both, capsys, tmp_path):
     results = fidelity.run(both)
+    every = tmp_path / "fidelity.md"
+    every.write_text("\n".join(fidelity.report(results, every=True)) + "\n")
     with capsys.disabled():
-        print("\n" + "\n".join(fidelity.report(results)))
+        print("\n" + "\n".join(fidelity.report(results)) + f"\n(every case: {every})")
     assert len(results) >= 80
     wrong = [(r.case.id, r.case.expect, r.ours.summary()) for r in results if not r.ours_as_spec_says]
     assert not wrong, f"ours answered against SPEC: {wrong}"
