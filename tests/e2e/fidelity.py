@@ -397,10 +397,15 @@ def _cell(text: str, limit: int = 160) -> str:
 def report(results: list[Result], every: bool = False) -> list[str]:
     """The counts, then one row per disagreement (per case, with `every`)."""
     agreed = sum(r.agree for r in results)
+    # A refusal without "admission webhook" is the API server's own (Trainer's CRD schema and CEL rules,
+    # checked after the mutating webhooks and before the validating ones): not an engine's answer.
+    by_crd = [r for r in results if r.agree and not r.kyverno.allowed and "admission webhook" not in r.kyverno.message]
     out = [f"{len(results)} TrainJobs through both ({sum(r.case.operation == 'CREATE' for r in results)} creates, "
            f"{sum(r.case.operation == 'UPDATE' for r in results)} updates): they agree on {agreed}, "
            f"disagree on {len(results) - agreed}. Ours answers {sum(r.ours_as_spec_says for r in results)} "
-           f"of {len(results)} as SPEC says; Kyverno's policies {sum(r.kyverno_as_spec_says for r in results)}.",
+           f"of {len(results)} as SPEC says; Kyverno's policies {sum(r.kyverno_as_spec_says for r in results)}. "
+           f"Of the agreements, {len(by_crd)} were refused for Kyverno by the API server's CRD validation before its "
+           f"validating policies were asked: {'; '.join(r.case.id for r in by_crd)}.",
            "", "| case | from | SPEC | ours | Kyverno |" + (" agree |" if every else ""),
            "|---|---|---|---|---|" + ("---|" if every else "")]
     for r in results:
