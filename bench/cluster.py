@@ -91,12 +91,12 @@ def api(cluster, pool: int):
     return client.CustomObjectsApi(client.ApiClient(cfg))
 
 
-def create_many(custom, prefix: str, n: int, concurrency: int) -> list[float]:
+def create_many(custom, prefix: str, n: int, concurrency: int, namespace: str = NS) -> list[float]:
     """Create n suspended TrainJobs at a fixed concurrency; each create's latency in ms, as the client saw it."""
     def one(i: int) -> float:
-        job = trainjob(name=f"{prefix}-{i}", namespace=NS, suspend=True)
+        job = trainjob(name=f"{prefix}-{i}", namespace=namespace, suspend=True)
         started = time.perf_counter()
-        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", job)
+        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", job)
         return 1000 * (time.perf_counter() - started)
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -214,10 +214,8 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
 SETTLE = 15.0  # seconds left to the control plane after creating runtimes, for the settled measurement
 
 
-def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], int]:
-    """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready:
-    at once (the API server and Trainer's controller still busy with the creates), and again after
-    SETTLE seconds (runtimes that have been there a while: the usual case for a rollout)."""
+def make_runtimes(custom, start: int, stop: int) -> None:
+    """ClusterTrainingRuntimes bench-rt-START to bench-rt-(STOP-1), copies of the example torch runtime."""
     base = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
 
     def make(i: int) -> None:
@@ -226,7 +224,14 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
         custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", rt)
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, range(existing, count)))
+        list(pool.map(make, range(start, stop)))
+
+
+def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], int]:
+    """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready:
+    at once (the API server and Trainer's controller still busy with the creates), and again after
+    SETTLE seconds (runtimes that have been there a while: the usual case for a rollout)."""
+    make_runtimes(custom, existing, count)
     def serve(label: str) -> tuple[float, list[float]]:
         started = time.monotonic()
         with webhook_server(tmp / f"ready-{count}-{label}", "--settings", str(EXAMPLES / "settings" / "route1.json"),
@@ -257,7 +262,8 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
         if kyverno == "only":
             import kyverno_bench
 
-            return out + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, histograms, delta, None, 1)
+            return out + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], None, 1,
+                                           max(runtime_counts))
         hooks = start_our_webhooks(stack, cluster, tmp)
         create_many(custom, "warm", 50, 4)  # connections, caches and JIT-less warm-up on both sides
 
@@ -312,7 +318,8 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
         if kyverno == "also":
             import kyverno_bench
 
-            out += [""] + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, histograms, delta, hooks, existing)
+            out += [""] + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], hooks,
+                                            existing, max(runtime_counts))
     return out
 
 

@@ -14,33 +14,18 @@ Then the resident memory of both with 1 runtime and with 10,000, and the time fr
 from __future__ import annotations
 
 import contextlib
-import copy
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import yaml
 
 from tests.e2e import kyverno
 from tests.e2e.conftest import Webhook, webhooks_swapped
-from tests.helpers import EXAMPLES, trainjob
+from tests.helpers import EXAMPLES
 from tests.process import webhook_server
 
 NAMESPACES = {"ours": "bench-ours", "kyverno": "bench-kyverno", "neither": "bench-neither"}
 OURS = {"mutate": "mutate.route1.dispatch.go.phpboyscout.uk", "validate": "validate.route1.dispatch.go.phpboyscout.uk"}
 KYVERNOS = {"mutate": kyverno.MUTATE_HOOK, "validate": kyverno.VALIDATE_HOOK}
-
-
-def _create(custom, ns: str, prefix: str, n: int, concurrency: int) -> list[float]:
-    def one(i: int) -> float:
-        job = trainjob(name=f"{prefix}-{i}", namespace=ns, suspend=True)
-        started = time.perf_counter()
-        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ns, "trainjobs", job)
-        return 1000 * (time.perf_counter() - started)
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, range(n)))
 
 
 def process_tree_rss_mib(pid: int) -> float:
@@ -51,22 +36,10 @@ def process_tree_rss_mib(pid: int) -> float:
     return total
 
 
-def make_runtimes(custom, start: int, stop: int) -> None:
-    base = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
-
-    def make(i: int) -> None:
-        rt = copy.deepcopy(base)
-        rt["metadata"] = {"name": f"bench-rt-{i}"}
-        custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", rt)
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, range(start, stop)))
-
-
 def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels: list[int],
-        histograms, delta, suite_hooks: list | None, runtimes_now: int, many: int = 10_000) -> list[str]:
-    """The section's Markdown lines. `histograms`/`delta` are bench/cluster.py's; `suite_hooks` are our
-    configurations of sections 1 to 3, taken away meanwhile (they select every namespace)."""
+        bench, suite_hooks: list | None, runtimes_now: int, many: int = 10_000) -> list[str]:
+    """The section's Markdown lines. `bench` is bench/cluster.py (its histograms, deltas and creates);
+    `suite_hooks` are our configurations of sections 1 to 3, taken away meanwhile (they select every namespace)."""
     kyverno.install(cluster)
     for engine, ns in NAMESPACES.items():
         cluster.apply({"apiVersion": "v1", "kind": "Namespace",
@@ -87,16 +60,17 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
         with kyverno.running(cluster, tmp, admission_reports=reports) as kyv:
             ready.append((f"Kyverno, {mode}", runtimes_now, kyv.ready_s))
             for engine in ("ours", "kyverno", "neither"):
-                _create(custom, NAMESPACES[engine], f"warm-{engine}-{reports:d}", 50, 4)
+                bench.create_many(custom, f"warm-{engine}-{reports:d}", 50, 4, NAMESPACES[engine])
             for level in levels:
                 got, latencies = {}, {}
                 for engine, hooks in (("ours", OURS), ("kyverno", KYVERNOS)):
-                    before = histograms(cluster)
-                    latencies[engine] = _create(custom, NAMESPACES[engine], f"{engine}-{reports:d}-c{level}", n, level)
-                    after = histograms(cluster)
-                    got |= {(engine, k): delta(before, after, v) for k, v in hooks.items()}
+                    before = bench.histograms(cluster)
+                    latencies[engine] = bench.create_many(custom, f"{engine}-{reports:d}-c{level}", n, level,
+                                                          NAMESPACES[engine])
+                    after = bench.histograms(cluster)
+                    got |= {(engine, k): bench.delta(before, after, v) for k, v in hooks.items()}
                 if level == 1:
-                    latencies["neither"] = _create(custom, NAMESPACES["neither"], f"neither-{reports:d}", n, 1)
+                    latencies["neither"] = bench.create_many(custom, f"neither-{reports:d}", n, 1, NAMESPACES["neither"])
                     client_rows.append((mode, latencies))
                 for verb in ("mutate", "validate"):
                     o, k = got["ours", verb], got["kyverno", verb]
@@ -105,13 +79,13 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
                                 f"{k['under'].get('0.005', 0):.0%} | {o['mean_ms'] / k['mean_ms']:.2f}× |")
             memory.append((mode, runtimes_now, process_tree_rss_mib(proc.pid), kyv.rss_mib()))
 
-    # 10,000 runtimes: our cache holds them; Kyverno reads one per review. Memory after a load at 8.
+    # Many runtimes (10,000 by default): our cache holds them; Kyverno reads one per review. Memory after a load at 8.
     if runtimes_now < many:
-        make_runtimes(custom, runtimes_now, many)
+        bench.make_runtimes(custom, runtimes_now, many)
     with kyverno.running(cluster, tmp, admission_reports=True) as kyv:
         ready.append(("Kyverno, default (admissionReports on)", many, kyv.ready_s))
         for engine in ("ours", "kyverno"):
-            _create(custom, NAMESPACES[engine], f"many-{engine}", n, 8)
+            bench.create_many(custom, f"many-{engine}", n, 8, NAMESPACES[engine])
         memory.append(("default (admissionReports on)", many, process_tree_rss_mib(proc.pid), kyv.rss_mib()))
     started = time.monotonic()
     with webhook_server(tmp / "ready-beside-kyverno", "--settings", str(EXAMPLES / "settings" / "route1.json"),
