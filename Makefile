@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench bench-cluster sweep clean lock docs docs-check serve-docs
+.PHONY: install run test unit e2e toolchain wrk bench bench-cluster bench-kyverno sweep clean lock docs docs-check \
+	serve-docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +65,11 @@ lock: install
 # Our webhooks beside Trainer's on one API server (issue 15): admission latency as the API server measures it.
 bench-cluster: install toolchain
 	$(PY) bench/cluster.py
+
+# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
+KYVERNO_N ?= 200
+bench-kyverno: install toolchain
+	$(PY) bench/cluster.py --kyverno-only -n $(KYVERNO_N)
 
 # Every rule of the registry switched off in turn must fail the unit tests marked for it.
 sweep: install

@@ -91,12 +91,12 @@ def api(cluster, pool: int):
     return client.CustomObjectsApi(client.ApiClient(cfg))
 
 
-def create_many(custom, prefix: str, n: int, concurrency: int) -> list[float]:
+def create_many(custom, prefix: str, n: int, concurrency: int, namespace: str = NS) -> list[float]:
     """Create n suspended TrainJobs at a fixed concurrency; each create's latency in ms, as the client saw it."""
     def one(i: int) -> float:
-        job = trainjob(name=f"{prefix}-{i}", namespace=NS, suspend=True)
+        job = trainjob(name=f"{prefix}-{i}", namespace=namespace, suspend=True)
         started = time.perf_counter()
-        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", job)
+        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", job)
         return 1000 * (time.perf_counter() - started)
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -214,10 +214,8 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
 SETTLE = 15.0  # seconds left to the control plane after creating runtimes, for the settled measurement
 
 
-def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], int]:
-    """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready:
-    at once (the API server and Trainer's controller still busy with the creates), and again after
-    SETTLE seconds (runtimes that have been there a while: the usual case for a rollout)."""
+def make_runtimes(custom, start: int, stop: int) -> None:
+    """ClusterTrainingRuntimes bench-rt-START to bench-rt-(STOP-1), copies of the example torch runtime."""
     base = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
 
     def make(i: int) -> None:
@@ -226,7 +224,14 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
         custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", rt)
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, range(existing, count)))
+        list(pool.map(make, range(start, stop)))
+
+
+def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], int]:
+    """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready:
+    at once (the API server and Trainer's controller still busy with the creates), and again after
+    SETTLE seconds (runtimes that have been there a while: the usual case for a rollout)."""
+    make_runtimes(custom, existing, count)
     def serve(label: str) -> tuple[float, list[float]]:
         started = time.monotonic()
         with webhook_server(tmp / f"ready-{count}-{label}", "--settings", str(EXAMPLES / "settings" / "route1.json"),
@@ -239,7 +244,8 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
     return at_once, settled, rss, count
 
 
-def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
+def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "") -> list[str]:
+    """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4)."""
     out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
            f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}", ""]
     with contextlib.ExitStack() as stack:
@@ -252,8 +258,13 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
         stack.callback(stop, proc)
         for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
             cluster.apply(doc)
-        hooks = start_our_webhooks(stack, cluster, tmp)
         custom = api(cluster, max(levels) * 2)
+        if kyverno == "only":
+            import kyverno_bench
+
+            return out + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], None, 1,
+                                           max(runtime_counts))
+        hooks = start_our_webhooks(stack, cluster, tmp)
         create_many(custom, "warm", 50, 4)  # connections, caches and JIT-less warm-up on both sides
 
         out += ["## 1. Admission duration per webhook, as the API server measures it", "",
@@ -304,6 +315,11 @@ def run(n: int, levels: list[int], runtime_counts: list[int]) -> list[str]:
         for count in runtime_counts:
             at_once, settled, rss, existing = time_to_ready(cluster, tmp, count, custom, existing)
             out.append(f"| {count:,} | {at_once:.1f} | {settled:.1f} | {', '.join(f'{r:.0f}' for r in rss)} |")
+        if kyverno == "also":
+            import kyverno_bench
+
+            out += [""] + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], hooks,
+                                            existing, max(runtime_counts))
     return out
 
 
@@ -313,9 +329,12 @@ def main() -> int:
     p.add_argument("--levels", default="1,8,32", help="concurrency levels")
     p.add_argument("--runtimes", default="1,1000,10000", help="runtime counts for the time to ready")
     p.add_argument("--quick", action="store_true", help="n=100, runtimes 1 and 1,000")
+    p.add_argument("--kyverno", action="store_true", help="then section 4: against Kyverno's policies (bench/kyverno)")
+    p.add_argument("--kyverno-only", action="store_true", help="section 4 alone")
     args = p.parse_args()
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
-    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")]):
+    kyverno = "only" if args.kyverno_only else "also" if args.kyverno else ""
+    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")], kyverno):
         print(line, flush=True)
     return 0
 

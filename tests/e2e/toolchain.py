@@ -292,6 +292,31 @@ def node_bins() -> dict[str, Path]:
     return bins
 
 
+KYVERNO = "v1.15.2"
+
+
+def kyverno_bin() -> Path:
+    """Kyverno's admission controller (cmd/kyverno), run out of cluster by the Kyverno comparison (issue 27).
+
+    Its go.mod replaces one module and its go.sum holds a hash the checksum database lacks
+    (github.com/openreports/reports-api), so the wrapper carries both from Kyverno's own module."""
+    mod = module_dir("github.com/kyverno/kyverno", KYVERNO)
+    upstream = (mod / "go.mod").read_text()
+    replaces = re.findall(r"^replace (.+)$", upstream, re.M)
+    pkg = "github.com/kyverno/kyverno/cmd/kyverno"
+    gomod = (f"module dispatch-admission/e2e-kyverno\n\ngo 1.26\n\nrequire github.com/kyverno/kyverno {KYVERNO}\n\n"
+             f"tool {pkg}\n\n" + "".join(f"replace {r}\n" for r in replaces))
+    ldflags = f"-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion={KYVERNO}"
+    return _build(f"kyverno-{KYVERNO}", gomod, [pkg], ldflags=ldflags,
+                  extra_files={"go.sum": (mod / "go.sum").read_text()})
+
+
+def kyverno_crds() -> list[Path]:
+    """The CRDs Kyverno's admission controller lists and watches (its policies, reports and exceptions)."""
+    crds = module_dir("github.com/kyverno/kyverno", KYVERNO) / "config" / "crds"
+    return sorted(p for d in ("kyverno", "policies.kyverno.io", "policyreport", "reports") for p in (crds / d).glob("*.yaml"))
+
+
 def jobset_crds() -> list[Path]:
     crds = module_dir("sigs.k8s.io/jobset", JOBSET) / "config" / "components" / "crd" / "bases"
     return sorted(crds.glob("*.yaml"))
@@ -315,11 +340,12 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs"]
+    wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
+                      "kyverno"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
-                "node": node_bins}
+                "node": node_bins, "kyverno": kyverno_bin}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()
