@@ -75,3 +75,16 @@ def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dic
         yield base, str(cert_dir / "ca.crt"), log, proc
     finally:
         stop(proc)
+
+
+def eventually(check, what: str, timeout: float = 20, every: float = 0.1):
+    """`check()`'s first truthy value, polled until `timeout`: for what a server writes a moment after it
+    answers (the review log goes through a queue and a writer thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} (waited {timeout:.0f}s)")
+        time.sleep(every)

@@ -12,7 +12,7 @@ import requests
 import yaml
 
 from tests.helpers import EXAMPLES, MANAGER, review, trainjob
-from tests.process import webhook_server
+from tests.process import eventually, webhook_server
 
 NS = "team-a"
 
@@ -119,6 +119,7 @@ def test_client_certificate_required_and_verified(env, tmp_path):
         assert requests.get(url + "/healthz", verify=ca, timeout=5, cert=c.webhook_client_cert).status_code == 200
         with registered(c, registration("dispatch-admission-mtls", url, ca, label)):
             c.apply(labelled(trainjob(name="mtls-job", namespace=NS), label))
-        assert '"mtls-job"' in log.read_text(), "the API server did not reach the webhook with its client certificate"
+        eventually(lambda: '"mtls-job"' in log.read_text(),
+                   "the API server did not reach the webhook with its client certificate")
         stored = c.get("trainjob", "mtls-job", NS)
         assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from webhook.core import images, settings as settings_mod
 from tests.e2e import toolchain
 from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
-from tests.process import free_port, stop, webhook_server
+from tests.process import eventually, free_port, stop, webhook_server
 
 CHART = ROOT / "charts" / "dispatch-admission"
 HELM_LABEL = "dispatch-e2e/helm"
@@ -945,7 +945,7 @@ def _installed(c, helm, tmp_path, port):
         job["metadata"]["labels"] = {HELM_LABEL: "rel"}
         c.apply(job)
         log_a = tmp_path / "a" / f"webhook-{port}.log"
-        assert "via-helm" in log_a.read_text()
+        eventually(lambda: "via-helm" in log_a.read_text(), "the release's webhook did not log the review")
 
         # helm test's script, as its ServiceAccount: a dry-run TrainJob comes back with our entry (the session's
         # webhooks skip it), and one breaking S3 is refused by this release's webhook.
@@ -953,7 +953,7 @@ def _installed(c, helm, tmp_path, port):
         got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test")
         assert got.returncode == 0, got.stdout + got.stderr
         assert "ok: a TrainJob was admitted with the dispatch.go.phpboyscout.uk/publish entry" in got.stdout
-        assert "dispatch-admission-test-" in log_a.read_text()
+        eventually(lambda: "dispatch-admission-test-" in log_a.read_text(), "the helm test's review was not logged")
 
     # With no webhook answering, the same script fails (it proves something).
     got = _run_hook_script(c, tmp_path, hooks, test_pod["spec"], f"{FULL}-test", {"timeoutSeconds": 3})

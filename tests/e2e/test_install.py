@@ -50,7 +50,7 @@ from tests.e2e.registry import FileEntry, write_layer
 from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, assert_complete, assert_in_pod_checks,
                                  assert_only_our_mount, entry, logs, pods_of, start_trainer_on_node, trainjob)
 from tests.helpers import MANAGER, ROOT
-from tests.process import stop
+from tests.process import eventually, stop
 
 CHART = ROOT / "charts" / "dispatch-admission"
 RELEASE = "dispatch-admission"
@@ -462,8 +462,8 @@ def test_the_api_server_calls_the_webhook_at_the_service_endpoints(inst):
     assert to_pods, f"kube-apiserver holds no connection to a webhook pod: {peers}"
     assert not to_cluster_ip, "the API server went through the ClusterIP (kube-proxy) instead"
     # ... and the reviews were answered by the pods (their logs, through the kubelet).
-    text = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1", "--prefix").stdout
-    assert {"path-0", "path-5"} <= {r["name"] for r in review_lines(text)}, text[-3000:]
+    eventually(lambda: {"path-0", "path-5"} <= {r["name"] for r in review_lines(
+        c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1", "--prefix").stdout)}, "the pods did not log the reviews")
     # The Service's ClusterIP works too (kube-proxy), for clients that use it: same certificate.
     files = secret_files(c)
     via_service = served_certificate(cluster_ip, 443, files["ca.crt"], f"{FULL}.{RNS}.svc")
@@ -538,8 +538,8 @@ def test_a_raw_trainjob_is_mutated_by_the_in_cluster_webhook_and_its_pods_run_th
     [pod] = pods_of(c, "via-chart")
     assert_only_our_mount(pod, inst.images, 1)
     assert_in_pod_checks(logs(c, pod), creds=False)
-    text = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1").stdout
-    assert any(r["name"] == "via-chart" and r["patched"] for r in review_lines(text)), "mutated by the pods"
+    eventually(lambda: any(r["name"] == "via-chart" and r["patched"] for r in review_lines(
+        c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1").stdout)), "not logged as mutated by the pods")
 
 
 # ---- helm test ----

@@ -14,7 +14,7 @@ import requests
 
 from webhook import certs
 from tests.helpers import EXAMPLES, ROOT, review, trainjob
-from tests.process import webhook_server
+from tests.process import eventually, webhook_server
 from tests.unit.test_certs import rotate_serving
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
@@ -117,7 +117,8 @@ def test_health_ready_metrics(server):
 def test_one_log_line_per_review(server):
     _, _, log, _ = server
     post(server, "/mutate", review(trainjob(), uid="log-me-1"))
-    time.sleep(0.3)
+    eventually(lambda: '"log-me-1"' in log.read_text(), "the review was not logged")
+    time.sleep(0.3)  # and no second line comes
     lines = [json.loads(l) for l in log.read_text().splitlines() if '"log-me-1"' in l]
     assert len(lines) == 1
     assert {"uid", "namespace", "name", "operation", "allowed", "sentinel", "ms"} <= set(lines[0])
