@@ -23,6 +23,12 @@ SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
 _LOGS: dict[str, Path] = {}
 
 
+def pytest_report_header(config):
+    # The versions the end-to-end suite builds and runs (the compatibility matrix changes the first two).
+    return (f"e2e versions: Kubernetes {toolchain.KUBERNETES}, Trainer {toolchain.TRAINER}, JobSet {toolchain.JOBSET}, "
+            f"Kueue {toolchain.KUEUE}, containerd {toolchain.CONTAINERD}, runc {toolchain.RUNC}")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath):
