@@ -25,7 +25,7 @@ from .core import patch
 from .core.admission import Admission, Enforcement, Verb
 from .core.errors import Denied, Reason, Sentinel
 from .core.rules import runtime_facts
-from .core.runtimes import RuntimeIndex, RuntimeSource
+from .core.runtimes import Runtime, RuntimeIndex, RuntimeSource
 from .core.settings import Settings, parse, schema
 
 __all__ = ["CheckResult", "Denied", "Enforcement", "Reason", "Sentinel", "Settings", "capabilities", "check",
@@ -49,7 +49,7 @@ def capabilities(settings: Settings, runtime: Mapping[str, Any]) -> list[Reason]
     """What stops `runtime` (a ClusterTrainingRuntime or TrainingRuntime) carrying the publish mount under
     these settings: the R3, R4 and R5 reasons (sentinel ErrUnsupported) a TrainJob naming it would get.
     Empty when it can carry it."""
-    return list(runtime_facts(dict(runtime), settings).reasons)
+    return list(runtime_facts(runtime if isinstance(runtime, Runtime) else dict(runtime), settings).reasons)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class CheckResult:
 def _source(runtimes: Iterable[Mapping] | RuntimeSource) -> RuntimeSource:
     if hasattr(runtimes, "get") and hasattr(runtimes, "ready"):
         return runtimes  # type: ignore[return-value]
-    return RuntimeIndex(dict(r) for r in runtimes)  # type: ignore[union-attr]
+    return RuntimeIndex(r if isinstance(r, Runtime) else dict(r) for r in runtimes)  # type: ignore[union-attr]
 
 
 def admission(settings: Settings, runtimes: Iterable[Mapping] | RuntimeSource, now: datetime | None = None,

@@ -161,7 +161,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="serve /mutate, /validate and /runtimes over TLS with gunicorn")
-    s.add_argument("--settings", help="settings JSON file (default: the embedded example with --dev)")
+    s.add_argument("--settings", help="settings JSON file, followed while serving (default: the embedded example"
+                                      " with --dev)")
+    s.add_argument("--settings-configmap", metavar="NAMESPACE/NAME",
+                   help="read the settings from key settings.json of this ConfigMap and follow it through the API")
     s.add_argument("--cert-dir", help="directory with tls.crt and tls.key (default certs/ with --dev)")
     s.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8443 with --dev, else gunicorn's"
                    " configuration, else 0.0.0.0:8443)")

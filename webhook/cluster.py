@@ -13,16 +13,18 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .core.rules import essentials
-from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, RuntimeIndex, RuntimeUnavailable, WouldBlock, key_of
+from .core.runtimes import (CLUSTER_KIND, GROUP, NAMESPACED_KIND, Runtime, RuntimeIndex, RuntimeUnavailable, WouldBlock,
+                            key_of)
 
 log = logging.getLogger(__name__)
 
 VERSION = "v1alpha1"
 PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
 WATCH_SECONDS = 240
-LIST_PAGE = 2000
+LIST_PAGE = 500  # a page is parsed whole before its items are taken: smaller pages, a smaller peak
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
+NEGATIVE_SECONDS = 1.0  # a miss the API server confirmed is answered from memory this long (no live GET each time)
+NEGATIVE_LIMIT = 10_000  # ... for at most this many names at once (then the oldest are forgotten)
 
 
 class Gone(Exception):
@@ -63,11 +65,9 @@ ListFn = Callable[[str], tuple[list[dict], str]]
 WatchFn = Callable[[str, str], Iterable[dict]]
 
 
-def slim(obj: dict, kind: str) -> dict:
-    """What the rules read of a runtime (`rules.essentials`), with its kind (list items may omit it)."""
-    out = essentials(obj)
-    out["kind"] = obj.get("kind") or kind
-    return out
+def slim(obj: dict, kind: str) -> Runtime:
+    """What the rules read of a runtime, with its kind (list items may omit it)."""
+    return Runtime.of(obj, kind)
 
 
 class Readiness:
@@ -77,7 +77,7 @@ class Readiness:
     def __init__(self, can_carry: Callable[[dict], bool]):
         self.can_carry = can_carry
 
-    def put(self, obj: dict) -> None:
+    def put(self, obj) -> None:
         kind, namespace, name = key_of(obj)
         try:
             ready = self.can_carry(obj)
@@ -86,10 +86,10 @@ class Readiness:
             ready = False
         metrics.set_runtime_ready(kind, namespace, name, ready)
 
-    def delete(self, obj: dict) -> None:
+    def delete(self, obj) -> None:
         metrics.forget_runtime(*key_of(obj))
 
-    def replace(self, kind: str, objs: list[dict]) -> None:
+    def replace(self, kind: str, objs: list) -> None:
         metrics.forget_runtimes(kind)
         for obj in objs:
             self.put(obj)
@@ -158,11 +158,14 @@ class Reflector:
 class ClusterRuntimes:
     """The RuntimeSource for a cluster: the watch cache, with one live read to confirm a miss."""
 
-    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None):
+    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
         self.index = RuntimeIndex()
+        self.clock = clock
+        self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
         readiness = Readiness(can_carry) if can_carry else None
         self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in PLURALS}
         if start:
@@ -176,17 +179,28 @@ class ClusterRuntimes:
         for r in self.reflectors.values():
             r.stopped.set()
 
-    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+    def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
         if not self.reflectors[kind].synced.is_set():
             raise RuntimeUnavailable("the runtime cache has not completed its first list yet")
         found = self.index.get(kind, namespace, name)
         if found is not None:
             return found
+        key = (kind, namespace, name)
+        until = self._missing.get(key)
+        if until is not None and self.clock() < until:
+            return None  # the negative cache: a name probed again and again costs the API server one GET a second
         if not blocking_allowed():
             raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
-        return self._live_read(kind, namespace, name)
+        found = self._live_read(kind, namespace, name)
+        if found is None:
+            if len(self._missing) >= NEGATIVE_LIMIT:
+                self._missing.clear()
+            self._missing[key] = self.clock() + NEGATIVE_SECONDS
+        else:
+            self._missing.pop(key, None)
+        return found
 
-    def _live_read(self, kind: str, namespace: str, name: str) -> dict | None:
+    def _live_read(self, kind: str, namespace: str, name: str) -> Runtime | None:
         from kubernetes.client.exceptions import ApiException
 
         metrics.API_REQUESTS.labels("get", kind).inc()
@@ -209,7 +223,7 @@ class ClusterRuntimes:
         self.index.put(obj)
         return obj
 
-    def _list(self, kind: str) -> tuple[list[dict], str]:
+    def _list(self, kind: str) -> tuple[list, str]:
         """Every runtime of `kind`, in pages (one snapshot: the pages share its resourceVersion), each item
         cut to its essentials as it arrives, so a large list never sits in memory whole."""
         items: list[dict] = []

@@ -4,8 +4,8 @@ Gunicorn runs several worker processes, so counters, histograms and the cache ga
 prometheus_client's multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set (`serve` sets it): a scrape
 answered by any worker reports the sum (or min/max) over the live workers.
 
-Two families describe state every worker holds a full copy of (the serving certificate it loaded,
-the runtimes in its watch cache) and are reported at scrape time by the worker that answers, from its
+Three families describe state every worker holds a full copy of (the serving certificate it loaded,
+the runtimes in its watch cache, whether its latest settings could be used) and are reported at scrape time by the worker that answers, from its
 own copy, rather than through the multiprocess files: a scrape shows one value per certificate and
 per runtime, a deleted runtime's series goes away with it (multiprocess files cannot remove a series),
 and the gunicorn master, which never serves, contributes nothing stale.
@@ -23,6 +23,8 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_certificate_not_after_seconds{certificate}     gauge, "serving" and "ca"
 - dispatch_admission_client_timeouts_total{stage}                    counter (SPEC 7 deadlines)
 - dispatch_admission_api_requests_total{verb,kind}, dispatch_admission_api_errors_total{verb,kind}
+- dispatch_admission_settings_valid                                 gauge 0/1 (SPEC 2.1)
+- dispatch_admission_settings_switches_total                        counter (settings taken while serving)
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ CACHE_SYNCED = Gauge("dispatch_admission_runtime_cache_synced",
 CLIENT_TIMEOUTS = Counter("dispatch_admission_client_timeouts_total",
                           "Connections closed because the client was too slow: stage is handshake, request "
                           "(head and body not sent in time) or write (the answer not read).", ["stage"])
+SETTINGS_SWITCHES = Counter("dispatch_admission_settings_switches_total",
+                            "New settings taken while serving, without a restart (SPEC 2.1).")
 API_REQUESTS = Counter("dispatch_admission_api_requests_total", "Requests to the Kubernetes API.", ["verb", "kind"])
 API_ERRORS = Counter("dispatch_admission_api_errors_total", "Failed requests to the Kubernetes API.", ["verb", "kind"])
 
@@ -63,6 +67,12 @@ API_ERRORS = Counter("dispatch_admission_api_errors_total", "Failed requests to 
 _runtimes: dict[tuple[str, str, str], bool] = {}
 _runtimes_lock = threading.Lock()
 _certificates: list[Callable[[], dict[str, float]]] = []
+_settings_valid = [True]
+
+
+def set_settings_valid(valid: bool) -> None:
+    """False while the latest settings could not be used and the last good ones are kept (SPEC 2.1)."""
+    _settings_valid[0] = valid
 
 
 def set_runtime_ready(kind: str, namespace: str, name: str, ready: bool) -> None:
@@ -110,6 +120,9 @@ class _State(Collector):
         for (kind, namespace, name), ok in items:
             ready.add_metric([kind, namespace, name], 1.0 if ok else 0.0)
         yield ready
+        yield GaugeMetricFamily("dispatch_admission_settings_valid",
+                                "0 when the latest settings could not be used and the last good ones are kept"
+                                " (SPEC 2.1), else 1.", value=1.0 if _settings_valid[0] else 0.0)
 
 
 STATE = _State()

@@ -1,7 +1,9 @@
 """The webhook server: a Flask application factory, and `serve`, which runs it under gunicorn over TLS.
 
 Settings are parsed once, in the gunicorn master, before any worker starts: invalid settings stop
-the server with the ErrInvalid message. Each worker builds its own app (and runtime cache) after fork.
+the server with the ErrInvalid message. Each worker builds its own app (and runtime cache) after fork,
+and follows the settings from then on (SPEC 2.1, webhook.live_settings): a good edit is taken without a
+restart, a bad one is logged and the last good settings stay in use.
 The worker class (webhook.worker) reads requests on an event loop with deadlines and hands whole
 requests to the app's threads; gunicorn's settings combine as webhook.gunicorn_config says.
 """
@@ -27,6 +29,7 @@ from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
+from .live_settings import LiveSettings
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
@@ -153,16 +156,30 @@ class ReviewLog:
 
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
                max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
-               enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True) -> Flask:
+               enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True,
+               live: LiveSettings | None = None, on_switch: Callable[[Settings], None] | None = None) -> Flask:
     """The application factory: routes over one Admission. `serve_metrics` False leaves /metrics to a
-    port of its own (serve --metrics-bind).
+    port of its own (serve --metrics-bind). `live`, where given, is followed: the settings it hands over
+    are switched to (and `on_switch` told), and it is read again before an S4 refusal (SPEC 2.1).
 
     POSTs to the three review paths are answered before Flask's request machinery (a request context,
     URL matching and a Response object cost more than a review does); Flask holds POST routes for the same
     paths only so that other methods get its 405.
     """
     app = Flask("dispatch_admission")
-    admission = Admission(settings, runtimes, enforcement=enforcement)
+    admission = Admission(settings, runtimes, enforcement=enforcement, refresh=live.refresh if live else None)
+    if live is not None:
+        def switched(new: Settings) -> None:
+            if admission.switch(new):
+                metrics.SETTINGS_SWITCHES.inc()
+                log.info(json.dumps({"msg": "settings switched", "source": live.where, "manager": new.manager,
+                                     "publish": new.publish.image if new.publish else None,
+                                     "via": new.publish.via if new.publish else None,
+                                     "credentials": [c.name for c in new.credentials]}))
+                if on_switch is not None:
+                    on_switch(new)
+
+        live.start(switched)
     review_log = review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO))
     latency = {v: metrics.LATENCY.labels(v.value) for v in Verb}
 
@@ -329,25 +346,51 @@ class _Options:
         self.metrics_bind = args.metrics_bind
         self.metrics_address = _address(args.metrics_bind) if args.metrics_bind else None
         self.enforcement = Enforcement(args.enforcement)
-        if args.settings:
+        self.settings_file = args.settings
+        self.settings_configmap = None
+        if args.settings and args.settings_configmap:
+            raise Denied([_reason("give --settings FILE or --settings-configmap NS/NAME, not both")])
+        if args.settings_configmap:
+            from .live_settings import configmap_ref
+
+            self.settings_configmap = configmap_ref(args.settings_configmap)
+            try:
+                self.settings = self.live_settings().read()
+            except Denied:
+                raise
+            except Exception as e:  # the API refused or cannot be reached: do not serve without settings
+                raise Denied([_reason(f"cannot read ConfigMap {args.settings_configmap}: {type(e).__name__}:"
+                                      f" {str(e)[:300]}")]) from None
+        elif args.settings:
             self.settings = load_settings(args.settings)
         elif self.dev:
             self.settings = parse(json.dumps(EXAMPLE))
         else:
-            raise Denied([_reason("--settings is required (or --dev for the example settings)")])
+            raise Denied([_reason("--settings or --settings-configmap is required (or --dev for the example settings)")])
+
+    def live_settings(self) -> LiveSettings | None:
+        """Where the settings are followed from (SPEC 2.1); None for --dev's embedded example."""
+        from .live_settings import ConfigMapSettings, FileSettings
+
+        if self.settings_configmap:
+            from .cluster import api_client
+
+            return ConfigMapSettings(api_client(self.kubeconfig), *self.settings_configmap)
+        return FileSettings(self.settings_file) if self.settings_file else None
 
 
 def _reason(text: str) -> Reason:
     return Reason(ErrInvalid, "settings", text)
 
 
-def _runtime_source(opts: _Options) -> RuntimeSource:
-    """Runtimes from files or the cluster's watch cache; either way, each runtime's readiness is exported."""
+def _runtime_source(opts: _Options, current: Callable[[], Settings]) -> RuntimeSource:
+    """Runtimes from files or the cluster's watch cache; either way, each runtime's readiness is exported,
+    judged with the settings in use (`current`)."""
     from .core.rules import runtime_facts
     from .core.runtimes import KINDS, key_of
 
     def can_carry(runtime: dict) -> bool:
-        return runtime_facts(runtime, opts.settings).can_carry
+        return runtime_facts(runtime, current()).can_carry
 
     if opts.runtime_files:
         index = load_runtimes(opts.runtime_files)
@@ -476,9 +519,21 @@ def run(args) -> int:
             return 1
 
     def load():  # in each worker, after fork
+        from .core.rules import runtime_facts
+        from .core.runtimes import key_of
+
         metrics.watch_certificates(tls.expiry)
-        return create_app(opts.settings, _runtime_source(opts), tls.valid, opts.max_body,
-                          enforcement=opts.enforcement, serve_metrics=opts.metrics_bind is None)
+        current = [opts.settings]
+        runtimes = _runtime_source(opts, lambda: current[0])
+
+        def rejudge(settings: Settings) -> None:
+            """The runtimes' readiness under the settings just taken (SPEC 8.3)."""
+            current[0] = settings
+            for runtime in getattr(runtimes, "index", runtimes):
+                metrics.set_runtime_ready(*key_of(runtime), runtime_facts(runtime, settings).can_carry)
+
+        return create_app(opts.settings, runtimes, tls.valid, opts.max_body, enforcement=opts.enforcement,
+                          serve_metrics=opts.metrics_bind is None, live=opts.live_settings(), on_switch=rejudge)
 
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
@@ -489,6 +544,8 @@ def run(args) -> int:
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,
                          "enforcement": opts.enforcement.value,
                          "manager": opts.settings.manager, "publish": bool(opts.settings.publish),
+                         "settings": (f"ConfigMap {'/'.join(opts.settings_configmap)}" if opts.settings_configmap
+                                      else opts.settings_file or "embedded example"),
                          "runtimes": "files" if opts.runtime_files else "cluster"}))
     server.run()
     return 0

@@ -173,6 +173,16 @@ def unit_tests(rules: dict) -> list[dict]:
          (f'dispatch_admission_runtime_ready{{{OTHER},kind="ClusterTrainingRuntime",name="no-node"}}', "0x10")],
         [("9m", [])])
 
+    # The latest settings refused (SPEC 2.1): the last good ones are kept.
+    r = a["DispatchAdmissionSettingsInvalid"]
+    add(r["alert"], "fires 1m after a replica refuses its settings",
+        [(f'dispatch_admission_settings_valid{{{SERIES},{POD}}}', "1 1 1 0 0 0 0 0 0 0")],
+        [("3m", []), ("5m", [firing(r, {**ns, **POD_LABELS})])])
+    add(r["alert"], "quiet with good settings, a bad edit fixed within the minute, and other releases",
+        [(f'dispatch_admission_settings_valid{{{SERIES},{POD}}}', "1 1 0 1 1 1 1 1 1 1"),
+         (f'dispatch_admission_settings_valid{{{OTHER}}}', "0x10")],
+        [("9m", [])])
+
     # Would-deny in warn mode.
     r = a["DispatchAdmissionWouldDeny"]
     add(r["alert"], "fires on would-deny counts",
@@ -216,7 +226,7 @@ def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path
 def test_each_alert_has_a_firing_and_a_quiet_unit_test(helm, tmp_path):
     rules = rendered_rules(helm, tmp_path)
     names = set(alert_rules(rules))
-    assert len(names) == 7
+    assert len(names) == 8
     fires, quiet = set(), set()
     for test in unit_tests(rules):
         for check in test["alert_rule_test"]:
@@ -244,7 +254,7 @@ def test_alerts_can_be_turned_off_and_retuned(helm, tmp_path):
         "selector": 'service="x"', "alerts": {"wouldDeny": {"enabled": False},
                                              "slowReviews": {"thresholdSeconds": 2.5, "for": "3m", "severity": "page"}}}})
     a = alert_rules(rules)
-    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 6
+    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 7
     slow = a["DispatchAdmissionSlowReviews"]
     assert slow["expr"].endswith("> 2.5") and slow["for"] == "3m" and slow["labels"] == {"severity": "page"}
     assert '{service="x"}' in slow["expr"]
@@ -313,7 +323,7 @@ def test_the_server_defines_the_contract_metrics():
                  "dispatch_admission_runtime_ready", "dispatch_admission_runtime_cache_synced",
                  "dispatch_admission_runtime_cache_size", "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
                  "dispatch_admission_certificate_not_after_seconds", "dispatch_admission_api_requests_total",
-                 "dispatch_admission_api_errors_total"):
+                 "dispatch_admission_api_errors_total", "dispatch_admission_settings_valid"):
         assert name in names, name
 
 

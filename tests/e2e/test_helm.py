@@ -414,8 +414,10 @@ def test_deployment_is_hardened(helm, tmp_path):
     assert c["readinessProbe"]["periodSeconds"] == 5
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert "podAntiAffinity" in pod["affinity"] and c["resources"]["requests"]
-    mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["settings"]["readOnly"] is True
+    # the settings are read through the API (SPEC 2.1), not mounted; a change of them rolls no pod
+    assert f"--settings-configmap={NS}/{FULL}-settings" in c["args"]
+    assert "settings" not in {m["name"] for m in c["volumeMounts"]}
+    assert not any(k.startswith("checksum/settings") for k in dep["spec"]["template"]["metadata"].get("annotations") or {})
 
 
 def test_openshift_can_drop_the_fixed_ids(helm, tmp_path):
@@ -547,6 +549,10 @@ def test_rbac_is_least_privilege(helm, tmp_path):
     assert rules[2] == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
                         "resourceNames": [FULL, f"{FULL}-runtimes"], "verbs": ["get", "patch"]}
     assert len(rules) == 3
+    assert docs[("Role", f"{FULL}-settings")]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{FULL}-settings"],
+         "verbs": ["get", "list", "watch"]}]
+    assert docs[("RoleBinding", f"{FULL}-settings")]["subjects"][0]["name"] == FULL
     role = docs[("Role", f"{FULL}-tls")]["rules"]
     assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"],
                      "verbs": ["get", "update"]},
@@ -633,13 +639,16 @@ def test_values_schema_shares_the_webhook_patterns():
 
 def _local_args(args: list[str], tmp, port: int, metrics_port: int) -> list[str]:
     """The chart's serve arguments with the in-pod paths and listen addresses made local."""
-    local = {"--settings": str(EXAMPLES / "settings" / "route1.json"), "--cert-dir": str(tmp / "certs"),
+    local = {"--cert-dir": str(tmp / "certs"),
              "--bind": f"127.0.0.1:{port}", "--metrics-bind": f"127.0.0.1:{metrics_port}",
              "--client-ca": str(tmp / "client-ca.crt")}
     out = []
     for a in args[1:]:
         flag, _, value = a.partition("=")
-        out.append(f"{flag}={local[flag]}" if flag in local else a)
+        if flag == "--settings-configmap":  # no API server here: the same settings from a file
+            out.append(f"--settings={EXAMPLES / 'settings' / 'route1.json'}")
+        else:
+            out.append(f"{flag}={local[flag]}" if flag in local else a)
     return out
 
 
@@ -737,7 +746,10 @@ def _secret(cluster, name):
 
 
 def _install(env, helm, tmp_path, port, release="rel", extra=None):
-    values = merged(BASE, {"publish": {"image": IMAGE},
+    # The settings of the session's own webhooks (route1.json), which also see these TrainJobs: the release's
+    # replicas read them from its ConfigMap, and both must write the same entry.
+    route1 = json.loads((EXAMPLES / "settings" / "route1.json").read_text())
+    values = merged(BASE, {"publish": route1["publish"], "credentials": route1["credentials"],
                            "webhook": {"url": f"https://127.0.0.1:{port}",
                                        "objectSelector": {"matchLabels": {HELM_LABEL: release}}},
                            "tests": {"labels": {SKIP_MUTATION_LABEL: "true"}}}, extra or {})
@@ -757,7 +769,8 @@ def _sa_kubeconfig(c, sa, tmp_path):
 
 def _serve_args(release: str, sa_kubeconfig) -> list[str]:
     full = f"{release}-dispatch-admission"
-    return ["--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", str(sa_kubeconfig),
+    # the settings through the API, as the release's ServiceAccount: its Role must let it read and watch them
+    return ["--settings-configmap", f"{NS}/{full}-settings", "--kubeconfig", str(sa_kubeconfig),
             "--tls-secret", f"{full}-tls", "--tls-service", full, "--webhook-configuration", full, "--namespace", NS]
 
 

@@ -176,16 +176,16 @@ def test_jobs_created_before_the_webhook(env):
     with webhook_uninstalled(env):
         c.apply(trainjob(name="pre-suspended", namespace=NS, suspend=True))
         c.apply(trainjob(name="pre-running", namespace=NS))
-    # A suspended job gets the entry on its next update; resuming keeps it.
-    c.kubectl("patch", "trainjob", "pre-suspended", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-    entry = own_entry(c.get("trainjob", "pre-suspended", NS))
-    assert entry == expected_entry("route1.json", "torch-distributed.yaml", "torch-distributed", entry["time"])
-    # A running one is never given one: allowed, with a warning.
+    # SPEC 6.3: the entry is written on CREATE only. Resuming a suspended one adds none, with a warning.
+    got = c.kubectl("patch", "trainjob", "pre-suspended", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    assert "runs without /opt/dispatch/publish" in got.stderr, got.stderr
+    assert own_entry(c.get("trainjob", "pre-suspended", NS)) is None
+    # Nor does any update of a running one: allowed, with the warning.
     got = c.kubectl("label", "trainjob", "pre-running", "-n", NS, "x=y")
     assert own_entry(c.get("trainjob", "pre-running", NS)) is None
     got = c.kubectl("patch", "trainjob", "pre-running", "-n", NS, "--type=merge", "-p",
                     '{"spec": {"activeDeadlineSeconds": 3600}}')
-    assert "none is added" in got.stderr
+    assert "runs without /opt/dispatch/publish" in got.stderr
     assert own_entry(c.get("trainjob", "pre-running", NS)) is None
 
 

@@ -408,67 +408,48 @@ def test_spec_6_3_admitted_suspended_edited_and_resumed_runs_with_its_entry(node
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "dispatch-e2e-node"}, "the edit reached the pod"
 
 
-# ---- SPEC 6.3 (issue 14 item 2): suspending a running job that predates the webhook ----
+# ---- SPEC 6.3: a running job that predates the webhook is suspended and resumed, and runs without the mount ----
 
-def test_spec_6_3_running_pre_webhook_job_can_be_suspended_and_gets_the_entry_on_resume(node_env):
+def test_spec_6_3_running_pre_webhook_job_is_suspended_and_resumed_and_runs_without_the_entry(node_env):
+    """The entry is written on CREATE only: added on resume, JobSet v0.12 would refuse its volume on the
+    JobSet made before it (only labels, annotations, nodeSelector, tolerations and scheduling gates of a
+    suspended JobSet's pod template may change) and the job would never resume."""
     c = node_env.cluster
-    script = f"if [ -x {PUBLISH} ]; then exec {PUBLISH} resumed; fi; echo 'no publish binary yet'; exec sleep 600"
+    script = f"if [ -x {PUBLISH} ]; then exec {PUBLISH} resumed; fi; echo 'no publish binary'; exec sleep 600"
     with webhooks_swapped(c, [node_env.route1, node_env.route2], None):
         c.apply(trainjob("pre-webhook", "torch-distributed", ["/bin/sh", "-c", script]))
     assert entry(c.get("trainjob", "pre-webhook", NS)) is None
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
-        jobs = json.loads(c.kubectl("get", "jobs", "-n", NS, "-l", "jobset.sigs.k8s.io/jobset-name=pre-webhook",
-                                    "-o", "json").stdout)["items"]
-        running = [p for p in pods_of(c, "pre-webhook") if p["status"].get("phase") == "Running"]
-        if any(j["status"].get("active", 0) > 0 for j in jobs) and running:
-            break
-        assert time.monotonic() < deadline, f"the node job never had an active, running pod: {jobs}"
-        time.sleep(1)
+    first = {p["metadata"]["uid"] for p in wait_running_pods(c, "pre-webhook", set())}
     # The suspend of a running job: Trainer's webhook refuses any runtimePatches change while the node job is
-    # active, so ours must not add the entry to this update.
+    # active, so ours adds nothing to it, and refuses nothing for what the job already was.
     got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}',
                     check=False)
     assert got.returncode == 0, f"suspending the running pre-webhook job was refused:\n{got.stderr}"
+    assert "runs without /opt/dispatch/publish" in got.stderr, got.stderr
     assert entry(c.get("trainjob", "pre-webhook", NS)) is None, "no entry is added to the update that suspends"
-    # Trainer's validator refuses a runtimePatches change (the entry the resume gets) while its cached JobSet
-    # still counts an active node job: the suspend takes effect through JobSet and the Job controller, so
-    # resume once that count is 0, as a user (or Kueue) must; its cache may lag the API by a moment.
+    got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    assert "runs without /opt/dispatch/publish" in got.stderr, got.stderr
+    assert entry(c.get("trainjob", "pre-webhook", NS)) is None, "no entry is added to the update that resumes"
+    # It runs again, in new pods, without the mount.
+    [pod] = wait_running_pods(c, "pre-webhook", first)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while "no publish binary" not in logs(c, pod):
+        assert time.monotonic() < deadline, logs(c, pod)
+        time.sleep(1)
+    assert not dispatch_mounts(pod)
+    c.kubectl("delete", "trainjob", "pre-webhook", "-n", NS, "--wait=true", timeout=120)
+
+
+def wait_running_pods(c: ControlPlane, name: str, not_these: set) -> list[dict]:
+    """The TrainJob's running pods, other than those whose UIDs are `not_these`, once there is one."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while True:
-        status = c.get("jobset", "pre-webhook", NS).get("status", {})
-        if all(rj.get("active", 0) == 0 for rj in status.get("replicatedJobsStatus", [])):
-            got = c.kubectl("patch", "trainjob", "pre-webhook", "-n", NS, "--type=merge", "-p",
-                            '{"spec": {"suspend": false}}', check=False)
-            if got.returncode == 0 or "is still active" not in got.stderr:
-                break
-        assert time.monotonic() < deadline, f"the suspended JobSet still counts active jobs: {status}"
+        running = [p for p in pods_of(c, name) if p["status"].get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp") and p["metadata"]["uid"] not in not_these]
+        if running:
+            return running
+        assert time.monotonic() < deadline, f"{name} has no new running pod"
         time.sleep(1)
-    assert got.returncode == 0, got.stderr
-    assert entry(c.get("trainjob", "pre-webhook", NS)) is not None, "the resume (old object suspended) gets the entry"
-
-
-JOBSET_IMMUTABLE = (
-    "JobSet v0.12.0's webhook lets only labels, annotations, nodeSelector, tolerations and scheduling gates of a "
-    "suspended JobSet's pod template change, so Trainer's update adding the entry's volume to the JobSet made "
-    "before the webhook is refused (vjobset.kb.io: spec.replicatedJobs: field is immutable): the TrainJob gets "
-    "the entry on resume but its JobSet does not, and it stays suspended")
-
-
-@pytest.mark.xfail(strict=True, reason=JOBSET_IMMUTABLE)
-def test_spec_6_3_resumed_pre_webhook_job_runs_with_the_entry(node_env):
-    """Continues the test above (its TrainJob `pre-webhook`, resumed with the entry): what a user wants next."""
-    c = node_env.cluster
-    assert entry(c.get("trainjob", "pre-webhook", NS)) is not None
-    deadline = time.monotonic() + 60
-    while True:
-        js = c.get("jobset", "pre-webhook", NS)
-        if any(v["name"] == "dispatch-publish" for rj in js["spec"]["replicatedJobs"]
-               for v in rj["template"]["spec"]["template"]["spec"].get("volumes", [])):
-            break
-        assert time.monotonic() < deadline, f"the resumed JobSet has no publish volume (suspend={js['spec'].get('suspend')})"
-        time.sleep(1)
-    assert_complete(c, "pre-webhook")
 
 
 # ---- the node's network: pods reach the API server, and nothing off this machine ----

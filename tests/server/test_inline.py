@@ -41,12 +41,38 @@ def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_for
 
     cluster.index = RuntimeIndex([{"kind": "ClusterTrainingRuntime", "metadata": {"name": "known"}}])
     cluster.reflectors = {"ClusterTrainingRuntime": Synced(), "TrainingRuntime": Synced()}
+    cluster.clock, cluster._missing = (lambda: 0.0), {}
     read = []
     cluster._live_read = lambda *key: read.append(key)
     with NoBlocking():
-        assert cluster.get("ClusterTrainingRuntime", "", "known")["metadata"]["name"] == "known"
+        assert cluster.get("ClusterTrainingRuntime", "", "known").name == "known"
         with pytest.raises(WouldBlock):
             cluster.get("ClusterTrainingRuntime", "", "unknown")
     assert read == []
     cluster.get("ClusterTrainingRuntime", "", "unknown")
     assert read == [("ClusterTrainingRuntime", "", "unknown")]
+
+
+def test_a_confirmed_miss_is_remembered_for_a_second():
+    """The negative cache: a name that does not exist, asked again and again, costs one live read a second."""
+    from webhook.cluster import NEGATIVE_SECONDS
+    from webhook.core.runtimes import RuntimeIndex
+
+    class Synced:
+        synced = type("E", (), {"is_set": staticmethod(lambda: True)})()
+
+    now = [100.0]
+    cluster = ClusterRuntimes.__new__(ClusterRuntimes)
+    cluster.index, cluster.clock, cluster._missing = RuntimeIndex(), (lambda: now[0]), {}
+    cluster.reflectors = {"ClusterTrainingRuntime": Synced(), "TrainingRuntime": Synced()}
+    read = []
+    cluster._live_read = lambda *key: read.append(key)
+    for _ in range(5):
+        assert cluster.get("ClusterTrainingRuntime", "", "nope") is None
+    assert len(read) == 1
+    with NoBlocking():  # answered from memory: no thread needed either
+        assert cluster.get("ClusterTrainingRuntime", "", "nope") is None
+    now[0] += NEGATIVE_SECONDS
+    assert cluster.get("ClusterTrainingRuntime", "", "nope") is None and len(read) == 2
+    cluster.index.put({"kind": "ClusterTrainingRuntime", "metadata": {"name": "nope"}})  # the watch brings it
+    assert cluster.get("ClusterTrainingRuntime", "", "nope").name == "nope"

@@ -34,7 +34,7 @@ def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete():
     ], []])
     seen = []
     r = Reflector(KIND, RuntimeIndex(), script.list, script.watch, sleep=script.sleeps.append,
-                  readiness=Readiness(lambda rt: seen.append(rt["metadata"]["name"]) or runtime_facts(rt, route2).can_carry))
+                  readiness=Readiness(lambda rt: seen.append(rt.name) or runtime_facts(rt, route2).can_carry))
     r.run(rounds=2)
     assert ready_series() == {(KIND, "", "good"): 0.0, (KIND, "", "bad"): 0.0}
     assert seen == ["good", "bad", "gone", "good"]

@@ -53,7 +53,7 @@ def test_list_then_watch_applies_events_in_order():
     script.lists.append(StopReflector())
     r.run(rounds=2)
     assert r.synced.is_set()
-    assert r.index.get(KIND, "", "a")["spec"] == {"mlPolicy": {"torch": {}}}
+    assert r.index.get(KIND, "", "a").policies == {"torch"}
     assert r.index.get(KIND, "", "b") is None and r.index.get(KIND, "", "c") is not None
     # The second watch resumes from the bookmark's version, without a relist.
     assert script.calls[:3] == [("list",), ("watch", "10"), ("watch", "20")]

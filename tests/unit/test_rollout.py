@@ -5,18 +5,25 @@ import io
 import json
 
 import pytest
+import yaml
 
 from webhook import api
 from webhook.audit import Report
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.audit import Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, pod_patch, review,
+from tests.helpers import (EXAMPLES, CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, pod_patch, review,
                            runtime, settings, stock_runtimes, trainjob)
 from tests.unit.test_hardening import Faulty
 
 
 def runtimes() -> RuntimeIndex:
+    return RuntimeIndex(runtime_objects().values())
+
+
+def runtime_objects() -> dict[str, dict]:
+    """The runtime objects by name (as a runtime review carries them)."""
+    found = [d for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     extra = [
         runtime("no-node", jobs={"worker": {"containers": [{"name": "trainer"}]}}),
         runtime("no-init"),
@@ -24,7 +31,7 @@ def runtimes() -> RuntimeIndex:
             {"name": "node", "volumeMounts": [{"name": "x", "mountPath": "/opt/dispatch"}]}]}}),
         runtime("plain", torch=False),
     ]
-    return RuntimeIndex(list(stock_runtimes()) + extra)
+    return {r["metadata"]["name"]: r for r in found + extra}
 
 
 def adm(doc=None, source=None, mode=Enforcement.ENFORCE) -> Admission:
@@ -190,7 +197,7 @@ def runtime_review(obj, operation="CREATE", resource="clustertrainingruntimes"):
     ("mounts-publish", ROUTE1, ["R5"]), ("mounts-publish", ROUTE2, ["R4", "R5"]), ("no-node", {}, []),
 ])
 def test_spec_8_3_runtime_warnings(name, doc, rules):
-    rt = runtimes().get("ClusterTrainingRuntime", "", name)
+    rt = runtime_objects()[name]
     for operation in ("CREATE", "UPDATE"):
         answer = adm(doc).review(runtime_review(rt, operation), "runtimes")[0]["response"]
         assert answer["allowed"] is True and "status" not in answer and "patch" not in answer
@@ -203,13 +210,13 @@ def test_spec_8_3_namespaced_runtimes_and_other_requests():
     rt = runtime("no-node-ns", kind="TrainingRuntime", namespace="team-a", jobs={"w": {"containers": [{"name": "x"}]}})
     answer = adm().review(runtime_review(rt, resource="trainingruntimes"), "runtimes")[0]["response"]
     assert [w.split(":")[0] for w in answer["warnings"]] == ["R3"]
-    bad = runtimes().get("ClusterTrainingRuntime", "", "no-node")
+    bad = runtime_objects()["no-node"]
     for doc in (runtime_review(bad, "DELETE"), review(trainjob(patches=[mount_patch("/opt/dispatch")])),
                 runtime_review(bad, resource="pods"), runtime_review("not an object")):
         assert adm().review(doc, "runtimes")[0]["response"] == {"uid": "uid-1", "allowed": True}
 
 
 def test_spec_8_3_trainjob_paths_ignore_runtimes():
-    bad = runtimes().get("ClusterTrainingRuntime", "", "no-node")
+    bad = runtime_objects()["no-node"]
     for verb in ("mutate", "validate"):
         assert adm().review(runtime_review(bad), verb)[0]["response"] == {"uid": "uid-1", "allowed": True}

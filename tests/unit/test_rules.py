@@ -286,11 +286,12 @@ def test_unsupported_and_not_found_together_give_403():
     assert st["reason"] == "Forbidden"
 
 
-def test_essentials_give_the_same_facts_in_less():
-    """A watch cache keeps `rules.essentials` of each runtime: every rule must read the same from it."""
-    import json
+def test_a_runtime_is_taken_as_what_the_rules_read_of_it():
+    """Sources keep a `Runtime` (names and the mounts under /opt/dispatch), never the object: every rule
+    reads the same of it, and a huge runtime is not held whole (R5: too large to check)."""
     import yaml
-    from webhook.core.rules import essentials, runtime_facts
+    from webhook.core.runtimes import MAX_NAMES, Runtime
+    from webhook.core.rules import runtime_facts
     from tests.helpers import EXAMPLES, runtime, settings
     from tests.e2e import toolchain
 
@@ -304,6 +305,14 @@ def test_essentials_give_the_same_facts_in_less():
     found.append(odd)
     for s in (settings(ROUTE1), settings(ROUTE2), settings({**ROUTE1, **CREDS})):
         for rt in found:
-            slim = essentials(rt)
-            assert runtime_facts(slim, s) == runtime_facts(rt, s), rt["metadata"]["name"]
-    assert len(json.dumps(essentials(found[0]))) < len(json.dumps(found[0]))
+            taken = Runtime.of(rt)
+            assert Runtime.of(taken) is taken
+            assert runtime_facts(taken, s) == runtime_facts(rt, s), rt["metadata"]["name"]
+    odd_facts = runtime_facts(odd, settings(ROUTE1))
+    assert [r.rule for r in odd_facts.reasons] == ["R3", "R5"]
+    huge = runtime("huge", jobs={"node": {"containers": [{"name": "node"}],
+                                          "volumes": [{"name": f"v{i}"} for i in range(MAX_NAMES + 1)]}})
+    taken = Runtime.of(huge)
+    assert taken.jobs == () and taken.oversize > MAX_NAMES
+    [reason] = runtime_facts(taken, settings(ROUTE1)).reasons
+    assert reason.rule == "R5" and "too large to check" in reason.text

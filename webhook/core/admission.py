@@ -5,12 +5,20 @@ the entry the settings produce for the named runtime, and every reason the rules
 once. Two small functions read the plan: `mutation` (operations, warnings, and the reasons that stop
 it) and `validation` (reasons and warnings). The enforcement mode (SPEC 8.1) is applied after either,
 in one place: in `warn` what `enforce` would deny becomes warnings.
+
+An UPDATE is ratcheted (SPEC 6.3): the old object is judged the same way, and only the reasons it does
+not already give refuse; the runtime is read only when the update changes what the runtime rules read.
+Settings change while serving (SPEC 2.1): `Admission.switch` takes new ones, the previous settings'
+entry stays acceptable on CREATE for a grace period, and an S4 refusal is preceded by one `refresh`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import time
+from collections import Counter
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Callable, NamedTuple
@@ -21,7 +29,7 @@ from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, 
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review
 from .rules import Own, RuntimeFacts
-from .runtimes import GROUP, KINDS, RuntimeSource, RuntimeUnavailable, WouldBlock
+from .runtimes import GROUP, KINDS, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
@@ -52,14 +60,18 @@ class Stage(Enum):
     """Where a review stands (SPEC 6.2, 6.3)."""
 
     CREATE = "create"      # the entry is computed and put in
-    ADD = "add"            # UPDATE of a suspended job without the entry: as CREATE
     KEEP = "keep"          # UPDATE of a job with the entry: never rewritten
-    RUNNING = "running"    # UPDATE of a running job without the entry: nothing is added
+    NO_ENTRY = "no-entry"  # UPDATE of a job created without the entry: none is ever added
     DELETING = "deleting"  # UPDATE of a job being deleted: never refused nor mutated
 
 
+# The settings a replica switched away from stay acceptable on CREATE this long (SPEC 2.1).
+PREVIOUS_SETTINGS_GRACE = 600.0
+
+
 class Plan(NamedTuple):
-    """One TrainJob review, read once. Immutable (a named tuple: made on every review, it must be cheap)."""
+    """One TrainJob review, read once. Immutable (a named tuple: made on every review, it must be cheap);
+    built with keywords only."""
 
     operation: str
     namespace: str
@@ -72,11 +84,11 @@ class Plan(NamedTuple):
     own: Own | None = None               # the webhook's entry in the new object
     old_own: Own | None = None           # ... and in the old one (UPDATE)
     entry: Entry | None = None           # what the settings produce for the named runtime
+    previous: Entry | None = None        # ... and what the previous settings produced, in their grace period
     clock: Callable[[], str] = str       # the admission time, for a new entry (read only when one is made)
-    reasons: tuple[Reason, ...] = ()     # S1-S3, S6, R1-R7 and faults: all but S4, S5, R8 and SPEC 6.3
+    reasons: tuple[Reason, ...] = ()     # S1-S3, S6, R1-R7 and faults (on UPDATE, only those the old object
+                                         # does not give): all but S4, S5, R8 and SPEC 6.3's own
     runtime_reasons: tuple[Reason, ...] = ()  # why no entry could be computed (R1-R5, faults)
-    spec_same: bool = False              # UPDATE leaving spec as it was
-    only_entry_added: bool = False       # UPDATE leaving spec as it was but for the webhook's entry, added
 
     @property
     def configured(self) -> bool:
@@ -125,16 +137,10 @@ class Outcome(NamedTuple):
 W_REPLACED = "replaced the runtimePatches entry under the webhook's manager with the computed one"
 W_REMOVED = "removed a runtimePatches entry under the webhook's manager: no publish or credentials are configured"
 W_PUT_BACK = "put back the runtimePatches entry of the webhook's manager, which this update removed"
-W_STALE = "the publish settings changed since this TrainJob was created: it keeps its old publish mount until recreated"
-W_RUNNING = "this running TrainJob predates the webhook's entry: none is added; it comes when the job is next resumed"
+# The entry is written on CREATE only (SPEC 6.3): the CRD makes an entry's volumes immutable, and JobSet refuses
+# a volume change to an existing JobSet's pod template, so an entry added later would keep the job from resuming.
+W_NO_ENTRY = "this TrainJob has no publish entry: it runs without /opt/dispatch/publish; recreate it to get the mount"
 W_ROUTE2 = "publish.via initContainer (route 2) has not been run end to end on your cluster: test it before relying on it"
-# JobSet v0.12 lets a suspended JobSet's pod template change only in labels, annotations, nodeSelector,
-# tolerations and scheduling gates: a JobSet made before the entry cannot take its volume on resume.
-W_ADDED_LATE = "publish entry added on update: if this job's JobSet already exists, JobSet refuses the mount; recreate the job"
-
-
-def w_not_added(reason: Reason) -> str:
-    return f"no publish entry added: {reason.field}: {reason.text}"
 
 
 def w_would_deny(reason: Reason) -> str:
@@ -148,12 +154,10 @@ def mutation(p: Plan) -> Decision:
     """The mutating endpoint: the operations that put the entry in place, or the reasons it cannot be."""
     if p.stage is Stage.DELETING:
         return Decision()
-    if p.spec_same:  # labels, annotations, finalizers: never refused for what the object already was
-        return _mutate_unchanged_spec(p)
     reasons = Reasons(p.reasons)
     ops: list[Op] = []
     warnings: list[str] = []
-    if p.stage in (Stage.CREATE, Stage.ADD):
+    if p.stage is Stage.CREATE:
         if not p.configured:
             if p.own is not None:
                 ops.append(patch.remove_op(p.own.index))
@@ -161,58 +165,32 @@ def mutation(p: Plan) -> Decision:
         elif p.own is None:
             if p.entry is not None and rules.room_for_entry(p.count, reasons):  # R8
                 ops.append(patch.append_op(p.spec, p.entry.json(p.clock())))
-                if p.stage is Stage.ADD:
-                    warnings.append(W_ADDED_LATE)
         elif p.entry is not None and not p.entry.matches(p.own.entry):
             ops.append(patch.replace_op(p.own.index, p.entry.json(p.clock())))  # nobody may pre-seed the mount
             warnings.append(W_REPLACED)
         if p.configured and _route2(p.settings) and not reasons:
             warnings.append(W_ROUTE2)
     elif p.stage is Stage.KEEP:
-        if p.own is None:
+        if p.own is None:  # a re-applied manifest that never held it: put it back as it was
             if rules.room_for_entry(p.count, reasons):
                 ops.append(patch.insert_op(p.spec, p.old_own.index, json.dumps(p.old_own.entry)))
                 warnings.append(W_PUT_BACK)
         else:
-            _keep(p, reasons, warnings)
-    else:  # RUNNING
-        _running(p, reasons, warnings)
+            _immutable(p, reasons)
+    else:  # NO_ENTRY: never added on an update
+        if p.own is not None:
+            _s4_added(p, reasons)
+        elif p.configured and not reasons:
+            warnings.append(W_NO_ENTRY)
     return Decision(tuple(ops), tuple(warnings), tuple(reasons))
-
-
-def _mutate_unchanged_spec(p: Plan) -> Decision:
-    """Spec unchanged: the entry is added only to a suspended job that lacks it, and only where the
-    rules admit the result; otherwise nothing is added, with a warning saying why."""
-    if not p.configured:
-        return Decision()
-    if p.stage is Stage.KEEP:
-        return Decision(warnings=(W_STALE,) if p.stale(p.own.entry) else ())
-    if p.stage is Stage.RUNNING:
-        return Decision(warnings=(W_RUNNING,))
-    found = Reasons(p.reasons)
-    if p.entry is not None and not found:
-        rules.room_for_entry(p.count, found)
-    if found or p.entry is None:
-        why = (list(found) + list(p.runtime_reasons))[:1]
-        return Decision(warnings=tuple(w_not_added(r) for r in why) or ("no publish entry added",))
-    warnings = (W_ADDED_LATE, W_ROUTE2) if _route2(p.settings) else (W_ADDED_LATE,)
-    return Decision((patch.append_op(p.spec, p.entry.json(p.clock())),), warnings)
 
 
 def validation(p: Plan) -> Decision:
     """The validating endpoint: the reasons the object as it will be stored breaks a rule."""
-    if p.stage is Stage.DELETING or p.spec_same:
+    if p.stage is Stage.DELETING:
         return Decision()
-    if p.only_entry_added:  # judged by S4 on that entry alone (SPEC 6.3)
-        reasons = Reasons()
-        if p.entry is None:
-            reasons.extend(p.runtime_reasons or _s4_unconfigured(p))
-        elif not p.entry.matches(p.own.entry):
-            _s4(p, reasons)
-        return Decision(reasons=tuple(reasons))
     reasons = Reasons(p.reasons)
-    warnings: list[str] = []
-    if p.stage in (Stage.CREATE, Stage.ADD):
+    if p.stage is Stage.CREATE:
         if not p.configured:
             if p.own is not None:
                 reasons.extend(_s4_unconfigured(p))
@@ -221,36 +199,39 @@ def validation(p: Plan) -> Decision:
                 reasons.add(ErrInvalid, "spec.runtimePatches",
                             f"has no entry of manager {p.manager!r}: the dispatch-admission mutating webhook was bypassed",
                             "S5")
-        elif p.entry is not None and not p.entry.matches(p.own.entry):
+        elif p.entry is not None and not p.entry.matches(p.own.entry) and \
+                not (p.previous is not None and p.previous.matches(p.own.entry)):  # SPEC 2.1's grace
             _s4(p, reasons)
     elif p.stage is Stage.KEEP:
         if p.own is None:
             reasons.add(ErrInvalid, "spec.runtimePatches",
                         f"the entry of manager {p.manager!r} was removed; it is immutable once written", RULE_UPDATE)
         else:
-            _keep(p, reasons, warnings)
-    else:
-        _running(p, reasons, warnings)
-    return Decision(warnings=tuple(warnings), reasons=tuple(reasons))
+            _immutable(p, reasons)
+    elif p.own is not None:
+        _s4_added(p, reasons)
+    return Decision(reasons=tuple(reasons))
 
 
-def _keep(p: Plan, reasons: Reasons, warnings: list[str]) -> None:
-    """The entry once written is never rewritten (Trainer's CRD makes it immutable)."""
+def _immutable(p: Plan, reasons: Reasons) -> None:
+    """The entry once written is never rewritten (Trainer's CRD makes it immutable); a stale one is kept
+    as it is, unsaid (SPEC 6.3: `audit` reports it)."""
     if not patch.same(p.own.entry, p.old_own.entry):
         reasons.add(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
                     f"the entry of manager {p.manager!r} is immutable once written; recreate the TrainJob to change it",
                     RULE_UPDATE)
-    elif p.stale(p.own.entry):
-        warnings.append(W_STALE)
 
 
-def _running(p: Plan, reasons: Reasons, warnings: list[str]) -> None:
-    """A running job that never had the entry gets none (Trainer refuses runtimePatches changes on it)."""
-    if p.own is not None:
-        if p.entry is None or not p.entry.matches(p.own.entry):
+def _s4_added(p: Plan, reasons: Reasons) -> None:
+    """An entry of the webhook's manager that an update brings to a job created without one: judged by S4."""
+    if not p.configured:
+        reasons.extend(_s4_unconfigured(p))
+    elif p.entry is None:
+        reasons.extend(p.runtime_reasons)  # no entry could be computed: say why (or S4 below, if nothing does)
+        if not p.runtime_reasons:
             _s4(p, reasons)
-    elif p.configured:
-        warnings.append(W_RUNNING)
+    elif not p.entry.matches(p.own.entry):
+        _s4(p, reasons)
 
 
 def _s4(p: Plan, reasons: Reasons) -> None:
@@ -289,23 +270,56 @@ def _unique(items) -> tuple:
 # ---- reading a review ----
 
 
-def _suspended(spec) -> bool:
-    return isinstance(spec, dict) and spec.get("suspend") is True
-
-
 def _meta(obj) -> dict:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta if isinstance(meta, dict) else {}
 
 
-def _without_entry(spec: dict, index: int, old_spec: dict) -> dict:
-    """`spec` with the webhook's entry taken out (and the list, where the entry made it)."""
-    out = dict(spec)
-    rest = list(spec["runtimePatches"])
-    del rest[index]
-    out["runtimePatches"] = rest
-    if not rest and "runtimePatches" not in old_spec:
-        del out["runtimePatches"]
+def _runtime_inputs(spec: dict) -> tuple:
+    """What the runtime rules (R1 to R8) read of a TrainJob (SPEC 6.3): an update that changes none of it
+    never reads the runtime."""
+    trainer = spec.get("trainer")
+    trainer = trainer if isinstance(trainer, dict) else {}
+    patches = spec.get("runtimePatches")
+    return (spec.get("runtimeRef"), trainer.get("numProcPerNode"), trainer.get("env"),
+            len(patches) if isinstance(patches, list) else patches)
+
+
+_ENTRY_FIELD = re.compile(r"^spec\.runtimePatches\[(\d+)\]")
+_ENV_FIELD = re.compile(r"^spec\.trainer\.env\[\d+\]")
+
+
+def _ratchet_key(reason: Reason, spec: dict) -> tuple:
+    """A reason as ratcheting compares it (SPEC 6.3): by sentinel, field and text, an entry's field named by
+    its manager rather than its index (another entry put before it moves the index, not the reason), and
+    spec.trainer.env's by the name the text carries."""
+    field = reason.field
+    m = _ENTRY_FIELD.match(field)
+    if m:
+        patches = spec.get("runtimePatches")
+        i = int(m.group(1))
+        entry = patches[i] if isinstance(patches, list) and i < len(patches) else None
+        manager = entry.get("manager") if isinstance(entry, dict) else None
+        if isinstance(manager, str):
+            field = f"spec.runtimePatches[manager={manager}]" + field[m.end():]
+    else:
+        field = _ENV_FIELD.sub("spec.trainer.env[*]", field)
+    return reason.sentinel, field, reason.text
+
+
+def ratchet(new: list[Reason], new_spec: dict, old: list[Reason], old_spec: dict) -> list[Reason]:
+    """The reasons of the new object that the old one, judged the same way, does not give (counted, so a
+    second equal violation is new)."""
+    if not old:
+        return list(new)
+    left = Counter(_ratchet_key(r, old_spec) for r in old)
+    out = []
+    for r in new:
+        key = _ratchet_key(r, new_spec)
+        if left[key] > 0:
+            left[key] -= 1
+        else:
+            out.append(r)
     return out
 
 
@@ -343,33 +357,81 @@ def _guarded(reasons: Reasons, check: Callable, *args):
     return None
 
 
-class Admission:
-    """Decides reviews for one set of settings, one runtime source and one enforcement mode."""
+class _Live(NamedTuple):
+    """The settings a review is decided with; replaced whole on a switch, so a review reads one consistent
+    set (SPEC 2.1)."""
 
-    FACTS_LIMIT = 4096
+    settings: Settings
+    previous: Settings | None          # the settings switched away from, while their grace lasts
+    previous_until: float              # monotonic time the grace ends
+
+
+class Decided(NamedTuple):
+    """What the rules decide of one runtime for one set of settings, kept with the runtime."""
+
+    facts: RuntimeFacts
+    entry: Entry | None                # what the settings produce for it
+    previous: Entry | None             # ... and the previous settings
+
+
+class _Lookup(NamedTuple):
+    """One runtime read, shared by the new and the old object of an UPDATE."""
+
+    runtime: Runtime | None
+    reasons: tuple[Reason, ...]        # ErrUnavailable, R2
+
+
+class Admission:
+    """Decides reviews for one runtime source and one enforcement mode, with settings that may change.
+
+    `refresh`, where given, reads the settings once more (the adapter bounds how often) and returns them,
+    or None when they cannot be read now: it is called before an S4 refusal on CREATE, because the replica
+    that mutated may have seen a settings change first (SPEC 2.1).
+    """
 
     def __init__(self, settings: Settings, runtimes: RuntimeSource,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 enforcement: Enforcement = Enforcement.ENFORCE):
-        self.settings = settings
+                 enforcement: Enforcement = Enforcement.ENFORCE,
+                 refresh: Callable[[], Settings | None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.runtimes = runtimes
         self.clock = patch.Clock(clock)
         self.enforcement = Enforcement(enforcement)
-        # id(runtime object) -> (the object, its facts, its entry). A runtime the watch replaces is a new
-        # object, so nothing goes stale; the object is kept to pin its id. Nothing held here is mutable.
-        self._facts: dict[int, tuple[dict, RuntimeFacts, Entry | None]] = {}
+        self.refresh = refresh
+        self.monotonic = monotonic
+        self._live = _Live(settings, None, 0.0)
 
-    # ---- per-runtime facts, worked out once per runtime object ----
+    @property
+    def settings(self) -> Settings:
+        return self._live.settings
 
-    def facts(self, runtime: dict) -> tuple[RuntimeFacts, Entry | None]:
-        cached = self._facts.get(id(runtime))
-        if cached is None or cached[0] is not runtime:
-            facts = rules.runtime_facts(runtime, self.settings)
-            entry = Entry.build(self.settings, facts.targets) if self.settings.configured and facts.targets else None
-            if len(self._facts) >= self.FACTS_LIMIT:
-                self._facts.clear()
-            cached = self._facts[id(runtime)] = (runtime, facts, entry)
-        return cached[1], cached[2]
+    def switch(self, settings: Settings) -> bool:
+        """Decide with `settings` from now on; the ones replaced stay acceptable on CREATE for
+        PREVIOUS_SETTINGS_GRACE seconds. False when they are the settings already in use."""
+        live = self._live
+        if settings == live.settings:
+            return False
+        self._live = _Live(settings, live.settings, self.monotonic() + PREVIOUS_SETTINGS_GRACE)
+        return True
+
+    # ---- per-runtime facts, worked out once per runtime and settings, and kept with it ----
+
+    def facts(self, runtime: Runtime | dict) -> tuple[RuntimeFacts, Entry | None]:
+        decided = self._decided(self._live, Runtime.of(runtime))
+        return decided.facts, decided.entry
+
+    @staticmethod
+    def _decided(live: _Live, runtime: Runtime) -> Decided:
+        memo = runtime.memo[0]  # one read: another thread may replace it, never half of it
+        if memo is not None and memo[0] is live.settings and memo[1] is live.previous:
+            return memo[2]
+        settings, prev = live.settings, live.previous
+        facts = rules.runtime_facts(runtime, settings)
+        targets = facts.targets
+        decided = Decided(facts, Entry.build(settings, targets) if settings.configured and targets else None,
+                          Entry.build(prev, targets) if prev is not None and prev.configured and targets else None)
+        runtime.memo[0] = (settings, prev, decided)
+        return decided
 
     # ---- reviews ----
 
@@ -389,6 +451,9 @@ class Admission:
             plan = self.plan(req)
             name, namespace = plan.name, plan.namespace
             decision = mutation(plan) if verb is Verb.MUTATE else validation(plan)
+            if verb is Verb.VALIDATE and plan.stage is Stage.CREATE and self._refreshed(decision):
+                plan = self.plan(req)  # the settings changed: judged again with them
+                decision = validation(plan)
         except (BadReview, WouldBlock):
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
@@ -404,6 +469,13 @@ class Admission:
                           decision.reasons, decision.ops, _unique(decision.warnings), would_deny)
         return build_response(uid, list(outcome.reasons), outcome.ops, list(outcome.warnings), name), outcome
 
+    def _refreshed(self, decision: Decision) -> bool:
+        """Before an S4 refusal: read the settings once more, and switch when they changed (SPEC 2.1)."""
+        if self.refresh is None or not any(r.rule == "S4" for r in decision.reasons):
+            return False
+        fresh = self.refresh()
+        return fresh is not None and self.switch(fresh)
+
     def plan(self, req: AdmissionRequest) -> Plan:
         """Read a TrainJob review once: its stage, its entries, the computed entry, every reason."""
         operation = str(req.get("operation", ""))
@@ -417,52 +489,105 @@ class Admission:
         name = meta.get("name") if isinstance(meta.get("name"), str) else str(req.get("name") or "")
         namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) and meta.get("namespace") else \
             str(req.get("namespace") or "")
+        live = self._live
         if old is not None and (meta.get("deletionTimestamp") or _meta(old).get("deletionTimestamp")):
-            return Plan(operation, namespace, name, Stage.DELETING, self.settings)
-        return self._plan(operation, namespace, name, obj, old)
+            return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.DELETING,
+                        settings=live.settings)
+        if old is None:
+            return self._plan_create(live, operation, namespace, name, obj)
+        return self._plan_update(live, operation, namespace, name, obj, old)
 
-    def _plan(self, operation: str, namespace: str, name: str, obj: dict, old: dict | None) -> Plan:
-        settings = self.settings
+    def _spec(self, obj: dict, reasons: Reasons) -> tuple[Any, dict]:
+        """(spec as sent, spec as a dict to walk): a spec that is no object is a reason, walked as empty."""
+        value = obj.get("spec")
+        if value.__class__ is dict:
+            return value, value
+        return value, rules.Walk(reasons, rule="S2").obj(value, "spec") or {}
+
+    def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict) -> Plan:
+        settings = live.settings
         reasons = Reasons()
-        spec_value = obj.get("spec")
-        spec = spec_value if spec_value.__class__ is dict else rules.Walk(reasons, rule="S2").obj(spec_value, "spec") or {}
+        spec_value, spec = self._spec(obj, reasons)
         found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
-        old_spec: dict = {}
-        old_own = None
-        stage = Stage.CREATE
-        if old is not None:
-            old_spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
-            old_own = rules.find_own(old_spec, settings.manager)
-            stage = Stage.KEEP if old_own else Stage.ADD if _suspended(old_spec) else Stage.RUNNING
         runtime_reasons = Reasons()
-        entry = _guarded(runtime_reasons, self._runtime, spec, namespace, found.env, reasons, runtime_reasons)
+        got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
+                       runtime_reasons, {})
+        entry, previous = got if got else (None, None)
         reasons.extend(runtime_reasons)
-        spec_same = old is not None and json_equal(spec_value, old.get("spec"))
-        only_entry_added = (old is not None and not spec_same and old_own is None and found.own is not None
-                            and json_equal(_without_entry(spec, found.own.index, old_spec), old_spec))
-        return Plan(operation, namespace, name, stage, settings, spec_value, found.count, found.readable, found.own,
-                    old_own, entry,
-                    self.clock.stamp, tuple(reasons), tuple(runtime_reasons), spec_same, only_entry_added)
+        if previous is not None and self.monotonic() >= live.previous_until:
+            previous = None
+        return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.CREATE, settings=settings,
+                    spec=spec_value, count=found.count, readable=found.readable, own=found.own, entry=entry,
+                    previous=previous, clock=self.clock.stamp, reasons=tuple(reasons),
+                    runtime_reasons=tuple(runtime_reasons))
 
-    def _runtime(self, spec: dict, namespace: str, env, reasons: Reasons, runtime_reasons: Reasons) -> Entry | None:
-        """R1 to R7: read the named runtime; the entry the settings produce for it, when one can be made."""
-        ref = rules.runtime_ref(spec, namespace, runtime_reasons)
+    def _plan_update(self, live: _Live, operation: str, namespace: str, name: str, obj: dict, old: dict) -> Plan:
+        """SPEC 6.3: the old object judged the same way; only what it does not already give refuses."""
+        settings = live.settings
+        old_spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+        old_own = rules.find_own(old_spec, settings.manager)
+        stage = Stage.KEEP if old_own else Stage.NO_ENTRY
+        spec_value = obj.get("spec")
+        if json_equal(spec_value, old.get("spec")):  # labels, annotations, finalizers, status: nothing to judge
+            own = old_own
+            count = len(old_spec["runtimePatches"]) if isinstance(old_spec.get("runtimePatches"), list) else 0
+            return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
+                        spec=spec_value, count=count, own=own, old_own=old_own, clock=self.clock.stamp)
+        reasons = Reasons()
+        spec_value, spec = self._spec(obj, reasons)
+        found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
+        before = Reasons()
+        self._spec(old, before)
+        old_found = _guarded(before, rules.scan, old_spec, settings, before) or rules.Scan(0, True, None, ())
+        runtime_reasons = Reasons()
         entry = None
-        if ref is not None:
+        if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
+            lookups: dict = {}  # one read per runtime named, shared by both objects
+            got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
+                           runtime_reasons, lookups)
+            entry = got[0] if got else None
+            reasons.extend(runtime_reasons)
+            old_runtime = Reasons()
+            _guarded(old_runtime, self._runtime_rules, live, old_spec, namespace, old_found.env, before, old_runtime,
+                     lookups)
+            before.extend(old_runtime)
+        new = ratchet(reasons, spec, before, old_spec)
+        return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
+                    spec=spec_value, count=found.count, readable=found.readable, own=found.own, old_own=old_own,
+                    entry=entry, clock=self.clock.stamp, reasons=tuple(new), runtime_reasons=tuple(runtime_reasons))
+
+    def _lookup(self, ref, lookups: dict) -> _Lookup:
+        """R2 and availability: the runtime `ref` names, read once per review."""
+        found = lookups.get(ref)
+        if found is None:
+            reasons = Reasons()
             try:
                 runtime = self.runtimes.get(ref.kind, ref.namespace, ref.name)
             except RuntimeUnavailable as e:
                 runtime = None
-                runtime_reasons.add(ErrUnavailable, "spec.runtimeRef", f"{ref} cannot be read now ({e}); retry later",
-                                    RULE_UNAVAILABLE)
+                reasons.add(ErrUnavailable, "spec.runtimeRef", f"{ref} cannot be read now ({e}); retry later",
+                            RULE_UNAVAILABLE)
             else:
                 if runtime is None:
-                    rules.not_found(ref, runtime_reasons)
-            if runtime is not None:
-                facts, entry = self.facts(runtime)
-                runtime_reasons.extend(facts.reasons)
-                rules.trainjob_runtime_rules(spec, ref, facts, env, reasons)
-        return entry
+                    rules.not_found(ref, reasons)
+            found = lookups[ref] = _Lookup(runtime, tuple(reasons))
+        return found
+
+    def _runtime_rules(self, live: _Live, spec: dict, namespace: str, env, reasons: Reasons,
+                       runtime_reasons: Reasons, lookups: dict) -> tuple[Entry | None, Entry | None]:
+        """R1 to R7: read the named runtime; the entries the settings (and the previous settings) produce
+        for it, when one can be made."""
+        ref = rules.runtime_ref(spec, namespace, runtime_reasons)
+        if ref is None:
+            return None, None
+        found = self._lookup(ref, lookups)
+        runtime_reasons.extend(found.reasons)
+        if found.runtime is None:
+            return None, None
+        decided = self._decided(live, found.runtime)
+        runtime_reasons.extend(decided.facts.reasons)
+        rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons)
+        return decided.entry, decided.previous
 
     # ---- runtime warnings (SPEC 8.3) ----
 
@@ -476,11 +601,13 @@ class Admission:
         name = str(meta.get("name") or req.get("name") or "")
         namespace = str(meta.get("namespace") or req.get("namespace") or "")
         warnings: tuple[str, ...] = ()
-        if self.settings.configured:
+        settings = self.settings
+        if settings.configured:
             # Judged as the kind the request is for, whatever the object says.
-            runtime = {**obj, "kind": RUNTIME_RESOURCES[resource], "metadata": {**meta, "name": name, "namespace": namespace}}
-            facts = rules.runtime_facts(runtime, self.settings)
-            what = rules.describe(runtime) + ": "
+            runtime = Runtime.of({**obj, "kind": RUNTIME_RESOURCES[resource],
+                                   "metadata": {**meta, "name": name, "namespace": namespace}})
+            facts = rules.runtime_facts(runtime, settings)
+            what = f"{runtime}: "
             warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: {r.text.removeprefix(what)}"
                              for r in facts.reasons)
         outcome = Outcome(uid, Verb.RUNTIMES, operation, namespace, name, True, warnings=warnings)

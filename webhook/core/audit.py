@@ -13,6 +13,7 @@ from enum import Enum
 from . import rules
 from .admission import Admission
 from .errors import Reason, Reasons
+from .runtimes import Runtime
 
 
 class Verdict(str, Enum):
@@ -42,12 +43,12 @@ def _meta(obj: dict) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def judge_runtime(admission: Admission, runtime: dict) -> Finding:
+def judge_runtime(admission: Admission, runtime: Runtime | dict) -> Finding:
     """`ok`, or `cannot-carry` with the R3, R4 and R5 reasons a TrainJob naming it would get."""
-    namespace, name = _meta(runtime)
+    runtime = Runtime.of(runtime)
     facts, _ = admission.facts(runtime)
     verdict = Verdict.OK if facts.can_carry else Verdict.CANNOT_CARRY
-    return Finding(str(runtime.get("kind") or ""), namespace, name, verdict, facts.reasons)
+    return Finding(runtime.kind, runtime.namespace, runtime.name, verdict, facts.reasons)
 
 
 def judge_trainjob(admission: Admission, trainjob: dict) -> Finding:

@@ -2,8 +2,9 @@
 
 A TrainJob is walked once (`scan`): every runtimePatches entry but the webhook's own is checked by
 S1, S2, S3 and S6 on the way, and the webhook's own entry is picked out for S4, S5 and SPEC 6.3.
-A runtime is walked once per runtime object (`runtime_facts`: R3, R4, R5). Every reason carries the
-rule that found it (SPEC 8.1's `rule` label). Nothing here does I/O.
+A runtime is read once, when a source takes it (`runtimes.Runtime`), and judged once per settings
+(`runtime_facts`: R3, R4, R5). Every reason carries the rule that found it (SPEC 8.1's `rule` label).
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import NamedTuple
 
 from . import paths
 from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reasons, Sentinel
-from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, MAX_NAMES, NAMESPACED_KIND, Runtime
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 NODE_CONTAINER = "node"
@@ -85,11 +86,6 @@ class PodSpec:
 
 def entry_pod_specs(entry: dict, path: str, walk: Walk) -> list[PodSpec]:
     jobs_parent, jobs_path = walk.dig(entry, path, "trainingRuntimeSpec", "template", "spec")
-    return _job_pod_specs(jobs_parent, jobs_path, walk)
-
-
-def runtime_pod_specs(runtime: dict, walk: Walk) -> list[PodSpec]:
-    jobs_parent, jobs_path = walk.dig(runtime, "runtime", "spec", "template", "spec")
     return _job_pod_specs(jobs_parent, jobs_path, walk)
 
 
@@ -307,17 +303,9 @@ def not_found(ref: RuntimeRef, reasons: Reasons) -> None:
     reasons.add(ErrNotFound, "spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}", "R2")
 
 
-def describe(runtime: dict) -> str:
-    """`ClusterTrainingRuntime NAME` or `TrainingRuntime NS/NAME`, from the runtime object itself."""
-    meta = runtime.get("metadata") if isinstance(runtime.get("metadata"), dict) else {}
-    kind = runtime.get("kind") if runtime.get("kind") in KINDS else CLUSTER_KIND
-    where = f"{meta.get('namespace')}/" if kind == NAMESPACED_KIND else ""
-    return f"{kind} {where}{meta.get('name')}"
-
-
 @dataclass(frozen=True)
 class RuntimeFacts:
-    """What a runtime alone decides (R3, R4, R5, its mlPolicy), worked out once per runtime object."""
+    """What a runtime alone decides for one set of settings (R3, R4, R5, its mlPolicy)."""
 
     targets: tuple[str, ...]  # the replicated jobs whose pod has a `node` container (R3)
     policies: frozenset[str]  # the mlPolicy sources set: torch, mpi, flux, ...
@@ -332,68 +320,39 @@ class RuntimeFacts:
         return not self.reasons
 
 
-def runtime_facts(runtime: dict, settings: Settings) -> RuntimeFacts:
-    """R3, R4 and R5 for one runtime object. The runtime was admitted by its CRD; stray shapes just do not match."""
+def runtime_facts(runtime: Runtime | dict, settings: Settings) -> RuntimeFacts:
+    """R3, R4 and R5 for one runtime (an object is taken as a `Runtime` first)."""
+    runtime = Runtime.of(runtime)
     reasons = Reasons()
-    what = describe(runtime)
-    walk = Walk(Reasons(), ErrUnsupported)
-    pods = runtime_pod_specs(runtime, walk)
-    targets = [p for p in pods if NODE_CONTAINER in container_names(p, "containers")]
+    what = str(runtime)
+    if runtime.oversize:  # R5: not held whole, so it cannot be checked
+        reasons.add(ErrUnsupported, "spec.runtimeRef",
+                    f"{what}: too large to check: its replicated jobs name {runtime.oversize} containers, volumes"
+                    f" and mounts (more than {MAX_NAMES})", "R5")
+        return RuntimeFacts((), runtime.policies, tuple(reasons))
+    targets = [j for j in runtime.jobs if NODE_CONTAINER in j.containers]
     if not targets:  # R3
         reasons.add(ErrUnsupported, "spec.runtimeRef",
                     f"{what}: no replicated job has a container named {NODE_CONTAINER!r}", "R3")
     publish = settings.publish
     if publish is not None and publish.via == ROUTE_INIT_CONTAINER:  # R4
-        for pod in targets:
-            if publish.init_container not in container_names(pod, "initContainers"):
+        for job in targets:
+            if publish.init_container not in job.init_containers:
                 reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{what}: replicated job {pod.job!r} lacks init container {publish.init_container!r}"
+                            f"{what}: replicated job {job.name!r} lacks init container {publish.init_container!r}"
                             " (route 2)", "R4")
     reserved = {PUBLISH_VOLUME} | {c.name for c in settings.credentials}
-    for pod in pods:  # R5
-        for _, vol in volumes(pod, walk):
-            if vol.get("name") in reserved:
+    for job in runtime.jobs:  # R5
+        for name in job.volumes:
+            if name in reserved:
                 reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{what}: replicated job {pod.job!r} already defines volume {vol.get('name')!r},"
+                            f"{what}: replicated job {job.name!r} already defines volume {name!r},"
                             " a name the webhook reserves", "R5")
-        for _, cpath, container in containers(pod, walk):
-            for _, mount in mounts(container, cpath, walk):
-                mp = mount.get("mountPath")
-                if isinstance(mp, str) and paths.under_publish_dir(mp):
-                    reasons.add(ErrUnsupported, "spec.runtimeRef",
-                                f"{what}: replicated job {pod.job!r} container {container.get('name')!r}"
-                                f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", "R5")
-    spec = runtime.get("spec")
-    policy = spec.get("mlPolicy") if isinstance(spec, dict) else None
-    policies = frozenset(k for k, v in policy.items() if v is not None) if isinstance(policy, dict) else frozenset()
-    return RuntimeFacts(tuple(p.job for p in targets), policies, tuple(reasons))
-
-
-_MOUNTS = [{"name": True, "volumeMounts": [{"mountPath": True}]}]
-# The parts of a runtime the rules read (see runtime_facts and describe): True keeps a value whole.
-_ESSENTIALS = {
-    "apiVersion": True, "kind": True,
-    "metadata": {"name": True, "namespace": True, "resourceVersion": True, "uid": True},
-    "spec": {"mlPolicy": True, "template": {"spec": {"replicatedJobs": [{"name": True, "template": {"spec": {
-        "template": {"spec": {"containers": _MOUNTS, "initContainers": _MOUNTS, "volumes": [{"name": True}]}}}}}]}}},
-}
-
-
-def _project(value, shape):
-    if shape is True:
-        return value
-    if isinstance(shape, dict) and isinstance(value, dict):
-        return {k: _project(value[k], sub) for k, sub in shape.items() if k in value}
-    if isinstance(shape, list) and isinstance(value, list):
-        return [_project(v, shape[0]) for v in value]
-    return value  # not the expected shape: kept whole, so the rules see exactly what they would have
-
-
-def essentials(runtime: dict) -> dict:
-    """The runtime as the rules read it: its kind, name, namespace, mlPolicy and, per replicated job, the
-    names, mount paths and volume names of its pod. A watch cache keeps only these (managedFields, images,
-    commands and resources are most of an object): the same facts, in a fraction of the memory."""
-    return _project(runtime, _ESSENTIALS)
+        for container, mp in job.publish_mounts:
+            reasons.add(ErrUnsupported, "spec.runtimeRef",
+                        f"{what}: replicated job {job.name!r} container {container!r}"
+                        f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", "R5")
+    return RuntimeFacts(tuple(j.name for j in targets), runtime.policies, tuple(reasons))
 
 
 def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env, reasons: Reasons) -> None:
