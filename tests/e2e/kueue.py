@@ -30,6 +30,7 @@ from tests.e2e.cluster import ControlPlane
 from tests.e2e.node import NODE_NAME, identity, kubeconfig_for
 from tests.process import free_port, stop
 
+KUEUE_NAMESPACE = "kueue-system"  # what the manager takes for its own namespace out of cluster
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"  # the runtimePatches entry Kueue writes
@@ -140,15 +141,21 @@ def start_kueue(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, n
     base = tmp / "kueue"
     base.mkdir(parents=True, exist_ok=True)
     cluster.install_crds(toolchain.kueue_crds())
-    rbac = toolchain.kueue_module() / "config" / "components" / "rbac" / "role.yaml"
-    role = yaml.safe_load(rbac.read_text())
-    cluster.apply(role)
+    # Its ClusterRole, and the Role on Secrets in its own namespace (kueue-system out of cluster), whose watch
+    # its cache waits for before any controller starts.
+    rbac = toolchain.kueue_module() / "config" / "components" / "rbac"
     user = "kueue-controller-manager"
-    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                   "metadata": {"name": "kueue-manager"},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                               "name": role["metadata"]["name"]},
-                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    cluster.kubectl("create", "namespace", KUEUE_NAMESPACE)
+    for path, binding in (("role.yaml", "ClusterRoleBinding"), ("manager_secrets_role.yaml", "RoleBinding")):
+        role = yaml.safe_load((rbac / path).read_text())
+        meta = {"name": role["metadata"]["name"]}
+        if binding == "RoleBinding":
+            meta["namespace"] = role["metadata"]["namespace"] = KUEUE_NAMESPACE
+        cluster.apply(role)
+        cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding, "metadata": meta,
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"],
+                                   "name": role["metadata"]["name"]},
+                       "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
     kubeconfig = kubeconfig_for(cluster, "kueue", *identity(cluster, "kueue", user))
 
     cert_dir = base / "certs"
