@@ -18,8 +18,6 @@ import base64
 import contextlib
 import shutil
 import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.node import NODE_NAME, identity, kubeconfig_for
+from tests.e2e.node import NODE_NAME, _http_ok, _wait, identity, kubeconfig_for
 from tests.process import free_port, stop
 
 KUEUE_NAMESPACE = "kueue-system"  # what the manager takes for its own namespace out of cluster
@@ -181,19 +179,7 @@ def start_kueue(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, n
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={"HOME": str(base), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     stack.callback(stop, proc)
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"kueue exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"kueue not ready:\n{log.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.5)
+    _wait("kueue", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc, log)
     kueue = Kueue(cluster, proc, log, port, (cert_dir / "ca.crt").read_bytes())
     stack.callback(kueue.remove_webhooks)  # runs before the manager stops: failurePolicy Fail
     kueue.register_webhooks()

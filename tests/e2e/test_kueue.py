@@ -22,14 +22,13 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, webhook_configurations, webhooks_swapped
+from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_our_webhooks, webhooks_swapped
 from tests.e2e.kueue import (JOB_REQUESTS, KUEUE_MANAGER, LOCAL_QUEUE, MUTATING, PRIORITY_LABEL, QUEUE_LABEL, Kueue,
                              start_kueue)
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
-from tests.e2e.test_node import (NS, PUBLISH, RUN_TIMEOUT, _runtimes, _settings, assert_complete, assert_only_our_mount,
-                                 dispatch_mounts, logs, node_pod, pods_of, start_trainer_on_node)
+from tests.e2e.test_node import (NS, PUBLISH, RUN_TIMEOUT, _runtimes, assert_complete, assert_only_our_mount,
+                                 _settings, dispatch_mounts, logs, node_pod, pods_of, start_trainer_on_node)
 from tests.helpers import MANAGER
-from tests.process import webhook_server
 
 STATE = "/state"  # a hostPath directory where a preempted job's first run leaves a mark for its second
 
@@ -99,15 +98,7 @@ def kueue_env(tmp_path_factory):
         state = tmp / "job-state"
         state.mkdir()
         c.apply(state_runtime(nc.images, "torch-state", state))
-        hooks = []
-        for name, settings in zip(("route1", "route2"), _settings(tmp, nc.images)):
-            url, ca_file, log, wproc = stack.enter_context(webhook_server(
-                tmp / name, "--settings", str(settings), "--kubeconfig", c.kubeconfig,
-                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-            _LOGS[f"webhook {name} (kueue)"] = log
-            hooks.append(Webhook(url, ca_file, log, wproc))
-        for doc in webhook_configurations(*hooks):
-            c.apply(doc)
+        hooks = start_our_webhooks(stack, c, tmp, " (kueue)", _settings(tmp, nc.images))
         watch = Watch(c, NS, tmp / "trainjobs.watch.json")
         stack.callback(watch.stop)
         kueue = start_kueue(stack, c, tmp, NS, _LOGS)
