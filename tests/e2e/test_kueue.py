@@ -196,9 +196,11 @@ def assert_kueue_pods(pod: dict) -> None:
     assert pod["spec"].get("nodeSelector") == {"kubernetes.io/hostname": NODE_NAME}, pod["spec"].get("nodeSelector")
 
 
-def workload_events(c: ControlPlane, reason: str) -> list[str]:
+def workload_events(c: ControlPlane, reason: str, job: str = "") -> list[str]:
+    """Event messages of `reason`, of the Workload of TrainJob `job` when given (named trainjob-JOB-HASH)."""
     got = c.kubectl("get", "events", "-n", NS, "--field-selector", f"reason={reason}", "-o", "json")
-    return [e["message"] for e in json.loads(got.stdout)["items"]]
+    return [e["message"] for e in json.loads(got.stdout)["items"]
+            if e["involvedObject"]["name"].startswith(f"trainjob-{job}-" if job else "")]
 
 
 # ---- (a) admission ----
@@ -335,10 +337,9 @@ def test_preempted_job_whose_runtime_was_edited_or_deleted_is_still_suspended(ku
             # Kueue v0.19.2 cannot stop a TrainJob whose runtime is gone: its reconciler reads the runtime first
             # and fails ("runtime 'torch-deleted' not found"), so the high job waits for a preemption that never
             # comes. The suspend a user (or an operator) makes by hand is what reaches our webhook.
-            pending = len(workload_events(c, "Pending"))
             create(c, queued(f"k-high-{case}", [PUBLISH, f"k-high-{case}"], "high"))
             poll("Kueue waiting on the preemption", lambda: any(
-                "Pending the preemption" in m for m in workload_events(c, "Pending")[pending:]), 60)
+                "Pending the preemption" in m for m in workload_events(c, "Pending", f"k-high-{case}")), 60)
             time.sleep(5)  # what Kueue does meanwhile, for the report (not a wait for a condition)
             assert c.get("trainjob", low, NS)["spec"].get("suspend") is False, "Kueue suspended it after all"
             got = c.kubectl("patch", "trainjob", low, "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}',
@@ -402,12 +403,19 @@ def test_kueue_before_ours_stores_one_entry_per_manager_and_runs(kueue_env):
     assert_our_entry_never_changed(env, "k-order")
 
 
-def test_kueue_reinvoked_after_ours_appends_a_second_entry_and_the_create_fails(kueue_env):
-    """What not to set: reinvocationPolicy IfNeeded on Kueue's trainjob webhook, ordered after ours. Ours is
-    reinvoked after Kueue changed the object, then Kueue again, which appends its entry a second time."""
+def test_kueue_webhook_reinvoked_after_ours_or_before_it(kueue_env):
+    """reinvocationPolicy IfNeeded on Kueue's trainjob webhook. The API server calls a webhook again only when a
+    later one changed the object. After ours: ours (IfNeeded) is called again, changes nothing, so Kueue is not
+    called again: one entry each. Before ours: our entry is a change after Kueue's call, so Kueue is called
+    again and appends its entry a second time, which the CRD's list-map key refuses."""
     c = kueue_env.cluster
     with kueue_mutating_as(kueue_env, MUTATING, "IfNeeded"):
+        created, _ = create(c, queued("k-reinvoked-after", [PUBLISH, "k-reinvoked-after"]))
+    print(f"Kueue IfNeeded after ours: stored entries {managers(created)}")
+    assert managers(created) == [MANAGER, KUEUE_MANAGER]
+    c.kubectl("delete", "trainjob", "k-reinvoked-after", "-n", NS)
+    with kueue_mutating_as(kueue_env, "a-" + MUTATING, "IfNeeded"):
         got = c.kubectl("create", "-f", "-", stdin=yaml.safe_dump(queued("k-reinvoked", [PUBLISH])), check=False)
-    print(f"create with Kueue's webhook reinvoked: {got.stderr.strip()}")
+    print(f"Kueue IfNeeded before ours: {got.stdout.strip()} {got.stderr.strip()}")
     assert got.returncode != 0 and "Duplicate value" in got.stderr and KUEUE_MANAGER in got.stderr, got.stderr
     assert c.get("trainjob", "k-reinvoked", NS) is None
