@@ -6,8 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test unit e2e toolchain wrk bench bench-cluster bench-kyverno sweep clean lock docs docs-check \
-	serve-docs
+.PHONY: install run test test-compat unit e2e toolchain wrk bench bench-cluster bench-kyverno sweep clean lock docs \
+	docs-check serve-docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,22 @@ docs-check: install
 # The site on http://127.0.0.1:8000, rebuilt on every change.
 serve-docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+# The compatibility matrix (issue 22), not part of `make test`: the API-level suite (our webhooks beside
+# Trainer's, tests/e2e/test_trainer.py) once per other Trainer and Kubernetes release, each built from its Go
+# module and cached like the defaults (a Kubernetes build takes ~7 min on 2 cores). Every run goes ahead even
+# when one fails; the target fails if any did.
+COMPAT_TRAINERS ?= v2.2.1
+COMPAT_KUBERNETES ?= v1.35.4 v1.36.3
+test-compat: install
+	@status=0; \
+	for v in $(COMPAT_TRAINERS); do echo "== Trainer $$v (Kubernetes default)"; \
+	  DISPATCH_E2E_TRAINER=$$v $(PY) -m tests.e2e.toolchain etcd kube trainer crds jobset && \
+	  DISPATCH_E2E_TRAINER=$$v $(PY) -m pytest tests/e2e/test_trainer.py $(PYTEST_ARGS) || status=1; done; \
+	for v in $(COMPAT_KUBERNETES); do echo "== Kubernetes $$v (Trainer default)"; \
+	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m tests.e2e.toolchain etcd kube trainer crds jobset && \
+	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m pytest tests/e2e/test_trainer.py $(PYTEST_ARGS) || status=1; done; \
+	exit $$status
 
 unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)

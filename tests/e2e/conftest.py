@@ -23,6 +23,12 @@ SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
 _LOGS: dict[str, Path] = {}
 
 
+def pytest_report_header(config):
+    # The versions the end-to-end suite builds and runs (the compatibility matrix changes the first two).
+    return (f"e2e versions: Kubernetes {toolchain.KUBERNETES}, Trainer {toolchain.TRAINER}, JobSet {toolchain.JOBSET}, "
+            f"Kueue {toolchain.KUEUE}, containerd {toolchain.CONTAINERD}, runc {toolchain.RUNC}")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath):
@@ -113,12 +119,15 @@ def webhook_configurations(route1: Webhook, route2: Webhook) -> list[dict]:
     ]
 
 
-def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, suffix: str = "") -> list[Webhook]:
-    """Route 1 and route 2 webhook processes on the cluster's watch, registered by URL."""
+def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, suffix: str = "",
+                       settings: tuple[Path, Path] | None = None) -> list[Webhook]:
+    """Route 1 and route 2 webhook processes on the cluster's watch, registered by URL; `settings`: their
+    settings files (the examples' route1.json and route2.json unless given)."""
     hooks = []
-    for name, settings in (("route1", "route1.json"), ("route2", "route2.json")):
+    files = settings or (EXAMPLES / "settings" / "route1.json", EXAMPLES / "settings" / "route2.json")
+    for name, path in zip(("route1", "route2"), files):
         url, ca, log, proc = stack.enter_context(webhook_server(
-            tmp / name, "--settings", str(EXAMPLES / "settings" / settings), "--kubeconfig", cluster.kubeconfig,
+            tmp / name, "--settings", str(path), "--kubeconfig", cluster.kubeconfig,
             env={"PROMETHEUS_MULTIPROC_DIR": ""}))
         _LOGS[f"webhook {name}{suffix}"] = log
         hooks.append(Webhook(url, ca, log, proc))

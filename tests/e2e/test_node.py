@@ -21,11 +21,11 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, webhook_configurations, webhooks_swapped
+from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_our_webhooks, webhooks_swapped
 from tests.e2e.node import Images, NodeCluster, start_node_cluster
 from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
 from tests.helpers import EXAMPLES, MANAGER
-from tests.process import stop, webhook_server
+from tests.process import stop
 
 NS = "team-a"
 CREDS_PATH = "/var/run/dispatch/creds"
@@ -130,15 +130,7 @@ def node_env(tmp_path_factory):
         nc = start_trainer_on_node(stack, tmp, (NS, "team-q"))
         c = nc.cluster
         c.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "team-a.yaml"))  # the namespaced runtimes R3, R5, R6 name
-        hooks = []
-        for name, settings in zip(("route1", "route2"), _settings(tmp, nc.images)):
-            url, ca_file, log, wproc = stack.enter_context(webhook_server(
-                tmp / name, "--settings", str(settings), "--kubeconfig", c.kubeconfig,
-                env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-            _LOGS[f"webhook {name} (node)"] = log
-            hooks.append(Webhook(url, ca_file, log, wproc))
-        for doc in webhook_configurations(*hooks):
-            c.apply(doc)
+        hooks = start_our_webhooks(stack, c, tmp, " (node)", _settings(tmp, nc.images))
         yield NodeEnv(nc, c, nc.images, hooks[0], hooks[1], tmp)
     assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 

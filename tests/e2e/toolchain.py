@@ -19,12 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-KUBERNETES = "v1.37.2"
+# The compatibility matrix (`make test-compat`) runs the API-level suite with other versions of these two.
+KUBERNETES = os.environ.get("DISPATCH_E2E_KUBERNETES", "v1.37.2")
 ETCD = "v3.6.16"
 HELM = "v3.22.0"
-TRAINER = "v2.3.0"
+TRAINER = os.environ.get("DISPATCH_E2E_TRAINER", "v2.3.0")
 JOBSET = "v0.12.0"
 BUILDKIT = "v0.34.2"
+KUEUE = "v0.19.2"
 
 
 def cache_root() -> Path:
@@ -51,13 +53,13 @@ def module_dir(path: str, version: str) -> Path:
 
 
 def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None,
-           tags: str = "", env: dict | None = None) -> Path:
+           tags: str = "", env: dict | None = None, get: list[str] | None = None) -> Path:
     """Build `packages` in a throw-away module described by `gomod`; return the bin directory.
 
     The cache directory is keyed by the pinned version and a hash of the whole recipe, so changing
     any of it rebuilds (quickly: Go's build cache keeps the compiled packages).
     """
-    recipe = [gomod, packages, ldflags, extra_files] + ([tags, env] if tags or env else [])
+    recipe = [gomod, packages, ldflags, extra_files] + ([tags, env] if tags or env else []) + ([get] if get else [])
     recipe = json.dumps(recipe, sort_keys=True).encode()
     name = f"{name}-{hashlib.sha256(recipe).hexdigest()[:8]}"
     bindir = cache_root() / name / "bin"
@@ -71,6 +73,8 @@ def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_
     for fname, text in (extra_files or {}).items():
         (work / fname).write_text(text)
     started = time.monotonic()
+    for spec in get or []:  # `go get` of the command package itself, where tidy alone leaves go.sum short
+        _go(["get", spec], work)
     _go(["mod", "tidy"], work)
     bindir.mkdir(parents=True, exist_ok=True)
     args = ["build", "-trimpath", "-o", str(bindir) + "/"]
@@ -177,6 +181,25 @@ def trainer_bin() -> Path:
     gomod = (f"module dispatch-admission/e2e-trainer\n\ngo 1.26\n\nrequire github.com/kubeflow/trainer/v2 {TRAINER}\n\n"
              f"tool {pkg}\n")
     return _build(f"trainer-{TRAINER}", gomod, [pkg], ldflags="-s -w")
+
+
+def kueue_bin() -> Path:
+    """Kueue's manager (its controllers and webhooks), run out of cluster beside Trainer's on the node."""
+    pkg = "sigs.k8s.io/kueue/cmd/kueue"
+    gomod = (f"module dispatch-admission/e2e-kueue\n\ngo 1.26\n\nrequire sigs.k8s.io/kueue {KUEUE}\n\n"
+             f"tool {pkg}\n")
+    # `go get sigs.k8s.io/kueue@V` leaves go.sum without some of the manager's packages; the command's does not.
+    return _build(f"kueue-{KUEUE}", gomod, [pkg], ldflags=f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE}",
+                  get=[f"{pkg}@{KUEUE}"])
+
+
+def kueue_module() -> Path:
+    """Kueue's module: its CRDs, RBAC and webhook manifests are under config/components."""
+    return module_dir("sigs.k8s.io/kueue", KUEUE)
+
+
+def kueue_crds() -> list[Path]:
+    return sorted((kueue_module() / "config" / "components" / "crd" / "bases").glob("*.yaml"))
 
 
 def buildkit_bin() -> Path:
@@ -341,11 +364,11 @@ def kubernetes_bins() -> dict[str, Path]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
-                      "kyverno"]
+                      "kyverno", "kueue"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
-                "node": node_bins, "kyverno": kyverno_bin}
+                "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()
