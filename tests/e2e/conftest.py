@@ -128,6 +128,7 @@ def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: 
     for name, path in zip(("route1", "route2"), files):
         url, ca, log, proc = stack.enter_context(webhook_server(
             tmp / name, "--settings", str(path), "--kubeconfig", cluster.kubeconfig,
+            "--runtime-metric-labels",  # per-runtime readiness series: test_rollout reads them (off by default)
             env={"PROMETHEUS_MULTIPROC_DIR": ""}))
         _LOGS[f"webhook {name}{suffix}"] = log
         hooks.append(Webhook(url, ca, log, proc))
