@@ -327,6 +327,8 @@ class FakeCluster:
         return self.jobs.get(name)
 
     def pods(self, namespace, name):
+        if name in self.deleted:  # the garbage collector took them with the TrainJob
+            return []
         self.polls += 1
         if self.on_poll:
             self.on_poll(self.polls)
