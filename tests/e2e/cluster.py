@@ -175,7 +175,10 @@ class ControlPlane:
         while time.monotonic() < deadline:
             if self.apiserver_proc.poll() is not None:
                 raise RuntimeError(f"kube-apiserver exited:\n{self.apiserver_log.read_text()[-4000:]}")
-            got = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+            try:
+                got = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+            except subprocess.TimeoutExpired:  # a starting API server may hold a connection without answering
+                continue
             if got.returncode == 0 and got.stdout.strip() == "ok":
                 return
             time.sleep(0.5)
