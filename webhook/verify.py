@@ -8,8 +8,8 @@ once a second: one probe's pods and events are a handful of small reads.
 
 The probes are deleted on every path (done, failed, timed out, SIGINT, SIGTERM) unless --keep: their names
 are chosen before the create, so a signal that lands mid-create still leaves a name to delete; the delete
-is a foreground cascade, and verify waits (bounded) until the TrainJob is gone, which is after its JobSet,
-Jobs and pods.
+cascades in the background (the garbage collector takes the JobSet, Jobs and pods), and verify waits
+(bounded) until the TrainJob and its pods are gone.
 """
 
 from __future__ import annotations
