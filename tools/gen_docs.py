@@ -139,9 +139,17 @@ def metrics_page() -> str:
             how = {"livemax": "max over live workers", "max": "max over workers", "livemin": "min over live workers"}
             over = how.get(mode, "summed over workers") if value._type == "gauge" else "summed over workers"
             rows.append((name, value._type, ", ".join(value._labelnames), value._documentation, over))
-    for family in metrics.STATE.collect():
-        rows.append((family.name, family.type, ", ".join(family._labelnames), family.documentation,
-                     "from the worker answering the scrape"))
+    per_runtime = metrics._per_runtime[0]
+    metrics.name_runtimes(True)  # every family, the opt-in one too, whatever the process set before
+    try:
+        families_now = list(metrics.STATE.collect())
+    finally:
+        metrics.name_runtimes(per_runtime)
+    for family in families_now:
+        where = "from the worker answering the scrape"
+        if family.name == "dispatch_admission_runtime_ready":
+            where += "; only with `serve --runtime-metric-labels` (`metrics.runtimeLabels`)"
+        rows.append((family.name, family.type, ", ".join(family._labelnames), family.documentation, where))
     out = [HEADER.format(source="webhook/metrics.py"), "# Metrics reference\n\n",
            "Every metric the server exports. The page [Operations](../operations.md) says how to scrape them and "
            "which alerts use them.\n\n",
