@@ -365,6 +365,7 @@ class _Options:
         self.client_ca = args.client_ca
         self.workers = args.workers
         self.max_body = args.max_body or DEFAULT_MAX_BODY
+        self.max_body_in_flight = getattr(args, "max_body_in_flight", None) or 0
         self.read_timeout = args.read_timeout or DEFAULT_READ_TIMEOUT
         self.gunicorn_config = args.gunicorn_config
         self.metrics_bind = args.metrics_bind
@@ -477,7 +478,8 @@ def _self_managed_certificates(opts: _Options) -> None:
 def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, workers: int | None, certfile: str,
                          keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
                          metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                         max_body: int = DEFAULT_MAX_BODY, ops: Callable[[Callable], Callable] | None = None):
+                         max_body: int = DEFAULT_MAX_BODY, max_body_in_flight: int = 0,
+                         ops: Callable[[Callable], Callable] | None = None):
     """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
     serves its app with this too, so the two are compared on equal terms)."""
     from gunicorn.app.base import Application
@@ -487,7 +489,8 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
 
     class Server(Application):
         worker_options = WorkerOptions(handshake_timeout=read_timeout, request_timeout=read_timeout,
-                                       max_body=max_body, metrics_address=metrics_address)
+                                       max_body=max_body, max_body_in_flight=max_body_in_flight,
+                                       metrics_address=metrics_address)
 
         def init(self, parser, opts, args):  # not called: load_config is ours
             return None
@@ -572,7 +575,7 @@ def run(args) -> int:
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
                                   metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
-                                  max_body=opts.max_body, ops=ops_app)
+                                  max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops_app)
     cfg = server.cfg
     log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,

@@ -22,13 +22,11 @@ from typing import IO, Callable
 
 from .core import verify as core
 from .core.rules import runtime_facts
-from .core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND
+from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
 from .core.settings import DEFAULT_MANAGER, Settings
 
-VERSION = "v1alpha1"
-PLURALS = {CLUSTER_KIND: "clustertrainingruntimes", NAMESPACED_KIND: "trainingruntimes"}
-KIND_NAMES = {k.lower(): k for k in PLURALS} | {p: k for k, p in PLURALS.items()} | \
-    {p[:-1]: k for k, p in PLURALS.items()}
+# The names `verify --runtime` takes for a kind: its kind, plural or singular, any case.
+KIND_NAMES = {name: kind for kind in KINDS for name in (kind.lower(), PLURALS[kind], PLURALS[kind][:-1])}
 TIMEOUT = (5, 30)            # connect, read: for every call
 POLL_SECONDS = 1.0
 GONE_SECONDS = 90.0          # how long cleanup waits for the probes to be gone

@@ -9,7 +9,8 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
 - HTTP/1.1 framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
   gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (over it, the app answers 413 at
-  the head and the rest is dropped, so the client reads the answer). The API server sends Content-Length
+  the head and the rest is dropped, so the client reads the answer), and the bodies one worker holds at once
+  by max_body_in_flight (over it, 503 at the head: memory stays bounded). The API server sends Content-Length
   bodies and never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
 - small reviews answered on the loop, the rest on gunicorn's `threads`; the worker writes the response
   head, then calls the result's close() (PEP 3333) on the loop; pipelining and keep-alive kept.
@@ -22,14 +23,13 @@ application's `metrics_app()`.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import signal
 import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import urlsplit
 
 import httptools
 from gunicorn import sock as gunicorn_sock
@@ -38,11 +38,12 @@ from gunicorn.workers import base
 from . import metrics
 from .cluster import NoBlocking
 from .core.runtimes import WouldBlock
-from .wsgi import INTERNAL, JSON, AppThreads, WSGIApp, close_result, error_body, response_head
+from .wsgi import INTERNAL, JSON, AppThreads, WSGIApp, close_result, error_body, request_environ, response_head
 
 DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
 DRAIN_LIMIT = 64 * 1024 * 1024  # an over-limit body longer than this is not read to its end: closed after the 413
+BODY_HEADROOM = 1024 * 1024     # a worker holds max_body and this in bodies by default: small reviews beside a large one
 HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is refused (431)
 SLICE = 16 * 1024               # data reaches the parser in slices this size: a head's size is known within one
 INLINE_LIMIT = 64 * 1024        # a review body up to this size is answered on the loop (a larger one on a thread)
@@ -54,6 +55,7 @@ class WorkerOptions:
     handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
+    max_body_in_flight: int = 0  # bytes of request bodies held at once (read, or with the app); 0: max_body + headroom
     metrics_address: tuple[str, int] | None = None   # a listener served in plain HTTP by metrics_app()
 
 
@@ -81,6 +83,7 @@ class Worker(base.Worker):
         self.listening: list = []
         self.tasks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
         self.quick = False
+        self.body_bytes = 0  # the Content-Length of the requests held: read or being read, or with the app
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
 
     def init_process(self):  # gunicorn calls it after fork
@@ -251,7 +254,7 @@ class Site:
 
 
 REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 505: "HTTP Version Not Supported"}
+           431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
 class Refused(Exception):
@@ -262,7 +265,7 @@ class Request:
     """A request whose head has been read; its body (kept unless over the limit) follows."""
 
     __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "body",
-                 "complete", "dispatched")
+                 "complete", "dispatched", "held")
 
     def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
                  length: int, keep_alive: bool, over_limit: bool):
@@ -270,6 +273,7 @@ class Request:
         self.length, self.keep_alive, self.over_limit = length, keep_alive, over_limit
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
+        self.held = 0  # its length, counted in the worker's body_bytes until answered
 
 
 class Connection(asyncio.Protocol):
@@ -400,13 +404,19 @@ class Connection(asyncio.Protocol):
             except ValueError:
                 raise Refused(400, "an invalid request target") from None
             target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        over = length > self.site.options.max_body
+        options, worker = self.site.options, self.site.worker
+        over = length > options.max_body
+        cap = options.max_body_in_flight or options.max_body + BODY_HEADROOM
+        if not over and length and worker.body_bytes and worker.body_bytes + length > cap:
+            raise Refused(503, f"over {cap} bytes of request bodies in flight in this worker: try again")
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 instead, and will not send the body: closed after.
         keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
                                      keep_alive=keep, over_limit=over)
+        if not over:
+            req.held, worker.body_bytes = length, worker.body_bytes + length
         if over:
             self.ready.append(req)  # the app answers 413 from the length; the body is dropped as it comes
 
@@ -442,24 +452,7 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, req: Request):
         body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
         req.body, req.dispatched = [], True
-        env = self.environ.copy()
-        path, _, query = req.target.partition(b"?")
-        env["REQUEST_METHOD"] = req.method.decode("ascii")
-        env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
-        env["QUERY_STRING"] = query.decode("latin-1")
-        env["RAW_URI"] = req.target.decode("latin-1")
-        env["SERVER_PROTOCOL"] = "HTTP/" + req.version
-        env["CONTENT_LENGTH"] = str(req.length)
-        for name, value in req.headers:
-            if b"_" in name:  # ambiguous with '-' once in the environ: dropped, as gunicorn does
-                continue
-            if name == b"content-type":
-                env["CONTENT_TYPE"] = value.decode("latin-1")
-            elif name != b"content-length":
-                key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-                text = value.decode("latin-1")
-                env[key] = env[key] + "," + text if key in env else text
-        env["wsgi.input"] = io.BytesIO(body)
+        env = request_environ(self.environ, req.method, req.target, req.version, req.length, req.headers, body)
         self.answering, self.state, self.since = req, BUSY, self.loop.time()
         self.site.worker.nr += 1
         threads = self.site.worker.threads
@@ -485,6 +478,7 @@ class Connection(asyncio.Protocol):
             close_result(close, self.site.worker.log)
             return
         req, self.answering = self.answering, None
+        self._release(req)
         keep = req.keep_alive and self.site.worker.alive
         try:
             try:
@@ -540,7 +534,13 @@ class Connection(asyncio.Protocol):
             self.handshake.cancel()
         self.gone()
 
+    def _release(self, *reqs: Request | None):
+        for req in reqs:
+            if req is not None and req.held:
+                self.site.worker.body_bytes, req.held = self.site.worker.body_bytes - req.held, 0
+
     def gone(self):
+        self._release(self.request, self.answering, *self.ready)
         self.state, self.last = CLOSED, True
         self.deadline = self.write_deadline = 0.0
         self.site.worker.connections.discard(self)

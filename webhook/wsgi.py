@@ -6,10 +6,12 @@ HTTP/1.1 response head the worker writes for it.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import queue
 import threading
 from typing import Any, Callable
+from urllib.parse import unquote_to_bytes
 
 WSGIApp = Callable[[dict, Callable], Any]
 Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers, body, the result's close()
@@ -18,6 +20,30 @@ Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers
 def error_body(code: int, message: str) -> bytes:
     """The JSON error every refusal carries, the worker's and the app's: {"error": ..., "code": ...}."""
     return json.dumps({"error": message, "code": code}, separators=(",", ":")).encode()
+
+
+def request_environ(base: dict, method: bytes, target: bytes, version: str, length: int,
+                    headers: list[tuple[bytes, bytes]], body: bytes) -> dict:
+    """The WSGI environ of one whole request (PEP 3333), from the connection's `base`."""
+    env = base.copy()
+    path, _, query = target.partition(b"?")
+    env["REQUEST_METHOD"] = method.decode("ascii")
+    env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
+    env["QUERY_STRING"] = query.decode("latin-1")
+    env["RAW_URI"] = target.decode("latin-1")
+    env["SERVER_PROTOCOL"] = "HTTP/" + version
+    env["CONTENT_LENGTH"] = str(length)
+    for name, value in headers:
+        if b"_" in name:  # ambiguous with '-' once in the environ: dropped, as gunicorn does
+            continue
+        if name == b"content-type":
+            env["CONTENT_TYPE"] = value.decode("latin-1")
+        elif name != b"content-length":
+            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+            text = value.decode("latin-1")
+            env[key] = env[key] + "," + text if key in env else text
+    env["wsgi.input"] = io.BytesIO(body)
+    return env
 
 
 JSON = [("Content-Type", "application/json")]

@@ -247,8 +247,10 @@ def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
 def test_metrics_on_a_port_of_their_own(ops):
     base, ca, log, proc, metrics_url = ops
     requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca, timeout=10)
-    code, text = get(metrics_url + "/metrics")
-    assert code == 200 and 'dispatch_admission_reviews_total{endpoint="mutate",outcome="allowed",sentinel=""}' in text
+    # Counted just after the answer is written: polled.
+    counted = 'dispatch_admission_reviews_total{endpoint="mutate",outcome="allowed",sentinel=""}'
+    got = wait_for(lambda: (lambda answer: counted in answer[1] and answer)(get(metrics_url + "/metrics")))
+    assert got and got[0] == 200, f"{counted} not in /metrics"
     # The probes' paths are there too (the kubelet has no client certificate for the TLS port)...
     assert get(metrics_url + "/healthz") == (200, '{"status":"ok"}')
     assert get(metrics_url + "/readyz")[0] == 200
@@ -337,8 +339,9 @@ def test_warn_mode_counts_and_logs_what_enforce_would_deny(tmp_path):
         doc = review(trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]), uid="warned-1")
         got = requests.post(base + "/validate", json=doc, verify=ca, timeout=10).json()["response"]
         assert got["allowed"] is True and any(w.startswith("would deny: ") for w in got["warnings"])
-        text = get(f"http://127.0.0.1:{metrics_port}/metrics")[1]
-        counted = samples(text, "dispatch_admission_would_deny_total")
+        # Counted once the answer is written (the accounting follows the response): polled, not read once.
+        counted = wait_for(lambda: samples(get(f"http://127.0.0.1:{metrics_port}/metrics")[1],
+                                           "dispatch_admission_would_deny_total"))
         assert counted and all(value == 1 for _, value in counted)
         line = wait_for(lambda: next((json.loads(l) for l in log.read_text().splitlines() if '"warned-1"' in l), None))
         assert line and line["allowed"] is True

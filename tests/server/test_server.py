@@ -108,8 +108,10 @@ def test_health_ready_metrics(server):
     ready = requests.get(base + "/readyz", verify=ca, timeout=5).json()
     assert ready["ready"] is True and all(ready["checks"].values())
     post(server, "/validate", review(trainjob()))
-    text = requests.get(base + "/metrics", verify=ca, timeout=5).text
-    assert 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}' in text
+    # Counted just after the answer is written: polled.
+    counted = 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}'
+    text = eventually(lambda: (lambda t: counted in t and t)(requests.get(base + "/metrics", verify=ca, timeout=5).text),
+                      f"{counted} in /metrics")
     assert "dispatch_admission_review_seconds_bucket" in text
     assert 'dispatch_admission_bad_requests_total{code="415"}' in text
 

@@ -22,6 +22,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from enum import Enum
 from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from . import patch, rules
@@ -30,13 +31,15 @@ from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, 
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review
 from .rules import Own, RuntimeFacts
-from .runtimes import GROUP, KINDS, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
+from .runtimes import (GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable,
+                       WouldBlock)
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
 
-TRAINJOBS = "trainjobs"
-RUNTIME_RESOURCES = {"clustertrainingruntimes": "ClusterTrainingRuntime", "trainingruntimes": "TrainingRuntime"}
+TRAINJOBS = PLURALS[TRAINJOB_KIND]
+RUNTIME_RESOURCES = {PLURALS[kind]: kind for kind in KINDS}  # resource -> kind
+BY_KIND = {kind: resource for resource, kind in {TRAINJOBS: TRAINJOB_KIND, **RUNTIME_RESOURCES}.items()}
 
 
 class Verb(str, Enum):
@@ -70,9 +73,10 @@ class Stage(Enum):
 PREVIOUS_SETTINGS_GRACE = 600.0
 
 
-class Plan(NamedTuple):
-    """One TrainJob review, read once. Immutable (a named tuple: made on every review, it must be cheap);
-    built with keywords only."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One TrainJob review, read once. Immutable, and built with keywords only (16 fields: a positional
+    slip would go unseen)."""
 
     operation: str
     namespace: str
@@ -110,8 +114,9 @@ class Decision(NamedTuple):
     reasons: tuple[Reason, ...] = ()
 
 
-class Outcome(NamedTuple):
-    """What one review decided, for the response, the log line and the metrics."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What one review decided, for the response, the log line and the metrics. Keywords only."""
 
     uid: str
     verb: Verb
@@ -337,8 +342,7 @@ def _target(req: AdmissionRequest, resources) -> str | None:
         return res.get("resource") if res.get("group") == GROUP and res.get("resource") in resources else None
     kind = req.get("kind")
     if isinstance(kind, dict) and kind.get("group") == GROUP:
-        by_kind = {"TrainJob": TRAINJOBS, **{v: k for k, v in RUNTIME_RESOURCES.items()}}
-        found = by_kind.get(kind.get("kind"))
+        found = BY_KIND.get(kind.get("kind"))
         return found if found in resources else None
     return None
 
@@ -451,8 +455,7 @@ class Admission:
         if verb is Verb.RUNTIMES:
             return self._review_runtime(req, uid, operation)
         if _target(req, (TRAINJOBS,)) is None:
-            outcome = Outcome(uid, verb, operation)
-            return build_response(uid, [], [], []), outcome
+            return build_response(uid, [], [], []), Outcome(uid=uid, verb=verb, operation=operation)
         name = namespace = ""
         try:
             plan = self.plan(req)
@@ -472,8 +475,10 @@ class Admission:
                                                 RULE_INTERNAL),))
         decision, would_deny = enforce(decision, verb, self.enforcement)
         name = name or str(req.get("name") or "")
-        outcome = Outcome(uid, verb, operation, namespace or str(req.get("namespace") or ""), name, True,
-                          decision.reasons, decision.ops, _unique(decision.warnings), would_deny)
+        outcome = Outcome(uid=uid, verb=verb, operation=operation,
+                          namespace=namespace or str(req.get("namespace") or ""), name=name, intercepted=True,
+                          reasons=decision.reasons, ops=decision.ops, warnings=_unique(decision.warnings),
+                          would_deny=would_deny)
         return build_response(uid, list(outcome.reasons), outcome.ops, list(outcome.warnings), name), outcome
 
     def _refreshed(self, decision: Decision) -> bool:
@@ -603,7 +608,7 @@ class Admission:
         resource = _target(req, tuple(RUNTIME_RESOURCES))
         obj = req.get("object")
         if resource is None or not isinstance(obj, dict):
-            return build_response(uid, [], [], []), Outcome(uid, Verb.RUNTIMES, operation)
+            return build_response(uid, [], [], []), Outcome(uid=uid, verb=Verb.RUNTIMES, operation=operation)
         meta = _meta(obj)
         name = str(meta.get("name") or req.get("name") or "")
         namespace = str(meta.get("namespace") or req.get("namespace") or "")
@@ -617,7 +622,8 @@ class Admission:
             what = f"{runtime}: "
             warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: {r.text.removeprefix(what)}"
                              for r in facts.reasons)
-        outcome = Outcome(uid, Verb.RUNTIMES, operation, namespace, name, True, warnings=warnings)
+        outcome = Outcome(uid=uid, verb=Verb.RUNTIMES, operation=operation, namespace=namespace, name=name,
+                          intercepted=True, warnings=warnings)
         return build_response(uid, [], [], list(warnings), name, kind=RUNTIME_RESOURCES[resource]), outcome
 
 
