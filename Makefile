@@ -50,19 +50,20 @@ serve-docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # The compatibility matrix (issue 22), not part of `make test`: the API-level suite (our webhooks beside
-# Trainer's, tests/e2e/test_trainer.py) once per other Trainer and Kubernetes release, each built from its Go
+# Trainer's, and every rule through kubectl: COMPAT_TESTS) once per other Trainer and Kubernetes release, each built from its Go
 # module and cached like the defaults (a Kubernetes build takes ~7 min on 2 cores). Every run goes ahead even
 # when one fails; the target fails if any did.
 COMPAT_TRAINERS ?= v2.2.1
 COMPAT_KUBERNETES ?= v1.35.4 v1.36.3
+COMPAT_TESTS ?= tests/e2e/test_trainer.py tests/e2e/test_kubectl.py
 test-compat: install
 	@status=0; \
 	for v in $(COMPAT_TRAINERS); do echo "== Trainer $$v (Kubernetes default)"; \
 	  DISPATCH_E2E_TRAINER=$$v $(PY) -m tests.e2e.toolchain etcd kube trainer crds jobset && \
-	  DISPATCH_E2E_TRAINER=$$v $(PY) -m pytest tests/e2e/test_trainer.py $(PYTEST_ARGS) || status=1; done; \
+	  DISPATCH_E2E_TRAINER=$$v $(PY) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS) || status=1; done; \
 	for v in $(COMPAT_KUBERNETES); do echo "== Kubernetes $$v (Trainer default)"; \
 	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m tests.e2e.toolchain etcd kube trainer crds jobset && \
-	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m pytest tests/e2e/test_trainer.py $(PYTEST_ARGS) || status=1; done; \
+	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS) || status=1; done; \
 	exit $$status
 
 unit: install wrk
