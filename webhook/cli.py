@@ -227,8 +227,8 @@ def parser() -> argparse.ArgumentParser:
                         " counts per kind, so /metrics names no tenant's runtimes")
     s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--max-body-in-flight", type=int, default=None, metavar="BYTES",
-                   help="request body bytes one worker holds at once; a request over it is answered 503"
-                        " (default: --max-body plus 1 MiB)")
+                   help="request body bytes one worker holds at once; a body over 64 KiB that would go over it"
+                        " is answered 503 (default: --max-body plus 1 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info logs one line per review; warning and above only problems")
     s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")

@@ -10,7 +10,7 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
   gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (over it, the app answers 413 at
   the head and the rest is dropped, so the client reads the answer), and the bodies one worker holds at once
-  by max_body_in_flight (over it, 503 at the head: memory stays bounded). The API server sends Content-Length
+  by max_body_in_flight (a body over INLINE_LIMIT past it: 503 at the head). The API server sends Content-Length
   bodies and never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
 - small reviews answered on the loop, the rest on gunicorn's `threads`; the worker writes the response
   head, then calls the result's close() (PEP 3333) on the loop; pipelining and keep-alive kept.
@@ -407,7 +407,9 @@ class Connection(asyncio.Protocol):
         options, worker = self.site.options, self.site.worker
         over = length > options.max_body
         cap = options.max_body_in_flight or options.max_body + BODY_HEADROOM
-        if not over and length and worker.body_bytes and worker.body_bytes + length > cap:
+        # Small bodies are never refused (worker_connections bounds them): a client holding the room with
+        # stalled large bodies cannot turn away the API server's usual reviews, a few KiB each.
+        if not over and length > INLINE_LIMIT and worker.body_bytes and worker.body_bytes + length > cap:
             raise Refused(503, f"over {cap} bytes of request bodies in flight in this worker: try again")
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 instead, and will not send the body: closed after.
