@@ -10,7 +10,7 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
   gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (over it, the app answers 413 at
   the head and the rest is dropped, so the client reads the answer), and the bodies one worker holds at once
-  by max_body_in_flight (a body over INLINE_LIMIT past it: 503 at the head). The API server sends Content-Length
+  by max_body_in_flight (webhook.room: a large body past it is 503 at the head). The API server sends Content-Length
   bodies and never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
 - small reviews answered on the loop, the rest on gunicorn's `threads`; the worker writes the response
   head, then calls the result's close() (PEP 3333) on the loop; pipelining and keep-alive kept.
@@ -38,12 +38,12 @@ from gunicorn.workers import base
 from . import metrics
 from .cluster import NoBlocking
 from .core.runtimes import WouldBlock
+from .room import HEADROOM, Room
 from .wsgi import INTERNAL, JSON, AppThreads, WSGIApp, close_result, error_body, request_environ, response_head
 
 DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
 DRAIN_LIMIT = 64 * 1024 * 1024  # an over-limit body longer than this is not read to its end: closed after the 413
-BODY_HEADROOM = 1024 * 1024     # a worker holds max_body and this in bodies by default: small reviews beside a large one
 HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is refused (431)
 SLICE = 16 * 1024               # data reaches the parser in slices this size: a head's size is known within one
 INLINE_LIMIT = 64 * 1024        # a review body up to this size is answered on the loop (a larger one on a thread)
@@ -83,8 +83,8 @@ class Worker(base.Worker):
         self.listening: list = []
         self.tasks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
         self.quick = False
-        self.body_bytes = 0  # the Content-Length of the requests held: read or being read, or with the app
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
+        self.room = Room(self.options.max_body_in_flight or self.options.max_body + HEADROOM, INLINE_LIMIT)
 
     def init_process(self):  # gunicorn calls it after fork
         self.loop = new_event_loop()
@@ -133,7 +133,8 @@ class Worker(base.Worker):
                 host, port = "", 0
             plain = bool(want and self.metrics_wsgi is not None and port == want[1]
                          and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost")))
-            site = Site(self, self.metrics_wsgi if plain else self.wsgi, self.cfg.is_ssl and not plain, host, port)
+            site = Site(self, self.metrics_wsgi if plain else self.wsgi, self.cfg.is_ssl and not plain, host, port,
+                        bodies=not plain)
             listener.sock.setblocking(False)
             loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
             self.listening.append(listener.sock)
@@ -207,6 +208,10 @@ class Worker(base.Worker):
             self.log.error("a request has been with the application for over %ss: not reporting alive", stuck_after)
         return stuck
 
+    def reading(self):
+        """(request, connection) for each request whose body is being read: the room's candidates to give way."""
+        return ((c.request, c) for c in self.connections if c.request is not None)
+
     def admit(self, conn: Connection) -> bool:
         """Room for one more connection (gunicorn's worker_connections). At the limit the longest-idle
         keep-alive connection gives way, else the waiting one nearest its deadline (handshake or request
@@ -244,8 +249,9 @@ class Worker(base.Worker):
 class Site:
     """What the connections of one listener share."""
 
-    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: int):
+    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: int, bodies: bool = True):
         self.worker, self.app, self.tls, self.loop, self.cfg, self.options = worker, app, tls, worker.loop, worker.cfg, worker.options
+        self.bodies = bodies  # the metrics listener takes none
         self.keepalive = float(self.cfg.keepalive)
         self.base_environ = {
             "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),
@@ -265,15 +271,16 @@ class Request:
     """A request whose head has been read; its body (kept unless over the limit) follows."""
 
     __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "body",
-                 "complete", "dispatched", "held")
+                 "complete", "dispatched", "held", "received", "since")
 
     def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, keep_alive: bool, over_limit: bool):
+                 length: int, keep_alive: bool, over_limit: bool, since: float):
         self.method, self.target, self.version, self.headers = method, target, version, headers
         self.length, self.keep_alive, self.over_limit = length, keep_alive, over_limit
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
-        self.held = 0  # its length, counted in the worker's body_bytes until answered
+        self.held = self.received = 0  # held: its length, counted in the worker's room until answered
+        self.since = since  # when its head was read
 
 
 class Connection(asyncio.Protocol):
@@ -404,25 +411,24 @@ class Connection(asyncio.Protocol):
             except ValueError:
                 raise Refused(400, "an invalid request target") from None
             target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        options, worker = self.site.options, self.site.worker
-        over = length > options.max_body
-        cap = options.max_body_in_flight or options.max_body + BODY_HEADROOM
-        # Small bodies are never refused (worker_connections bounds them): a client holding the room with
-        # stalled large bodies cannot turn away the API server's usual reviews, a few KiB each.
-        if not over and length > INLINE_LIMIT and worker.body_bytes and worker.body_bytes + length > cap:
-            raise Refused(503, f"over {cap} bytes of request bodies in flight in this worker: try again")
+        room, now = self.site.worker.room, self.loop.time()
+        if length and not self.site.bodies:
+            raise Refused(413, "no request body is taken on this port")
+        over = length > self.site.options.max_body
+        if not over and not room.admit(length, now, self.site.worker.reading()):
+            raise Refused(503, f"over {room.cap} bytes of request bodies in flight in this worker: try again")
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 instead, and will not send the body: closed after.
         keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
-                                     keep_alive=keep, over_limit=over)
-        if not over:
-            req.held, worker.body_bytes = length, worker.body_bytes + length
+                                     keep_alive=keep, over_limit=over, since=now)
+        room.hold(req)
         if over:
             self.ready.append(req)  # the app answers 413 from the length; the body is dropped as it comes
 
     def on_body(self, data: bytes):
+        self.request.received += len(data)
         if not self.request.over_limit:
             self.request.body.append(data)
 
@@ -480,7 +486,7 @@ class Connection(asyncio.Protocol):
             close_result(close, self.site.worker.log)
             return
         req, self.answering = self.answering, None
-        self._release(req)
+        self.site.worker.room.release(req)
         keep = req.keep_alive and self.site.worker.alive
         try:
             try:
@@ -536,13 +542,9 @@ class Connection(asyncio.Protocol):
             self.handshake.cancel()
         self.gone()
 
-    def _release(self, *reqs: Request | None):
-        for req in reqs:
-            if req is not None and req.held:
-                self.site.worker.body_bytes, req.held = self.site.worker.body_bytes - req.held, 0
-
     def gone(self):
-        self._release(self.request, self.answering, *self.ready)
+        for req in (self.request, self.answering, *self.ready):
+            self.site.worker.room.release(req)
         self.state, self.last = CLOSED, True
         self.deadline = self.write_deadline = 0.0
         self.site.worker.connections.discard(self)

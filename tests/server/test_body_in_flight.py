@@ -1,9 +1,10 @@
-"""Request bodies a worker holds at once are capped (issue 25, item 1): over the cap, 503 at the head.
+"""Request bodies a worker holds at once are capped (issue 25, item 1; webhook/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
-loopback: a large review stalled mid-body holds its Content-Length; a second large one is refused 503
-and closed, a small one (up to 64 KiB) is never refused, and once the first is answered the second goes
-through.
+loopback: a large review being read holds its Content-Length, and a second large one that does not fit
+beside it is refused 503 and closed; a small one (up to 64 KiB) is never refused; a body stalled past the
+grace period gives way to a newcomer; the room comes back exactly once requests are answered or their
+clients go; the metrics port takes no body at all.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import pytest
 import requests
 
 from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import webhook_server
+from tests.process import free_port, webhook_server
+from webhook.room import Room
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 MAX_BODY = 400_000
 IN_FLIGHT = 600_000  # room for one body of MAX_BODY, not two
+GRACE = Room(1, 1).grace  # a body read slower than the minimum rate gives way after this long
 
 
 def large_review() -> bytes:
@@ -51,67 +54,103 @@ def read_status(sock: ssl.SSLSocket) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    metrics_port = free_port()
     with webhook_server(tmp_path_factory.mktemp("in-flight"), "--settings", SETTINGS, *RUNTIME_ARGS,
                         "--workers", "1", "--max-body", str(MAX_BODY), "--max-body-in-flight", str(IN_FLIGHT),
-                        "--read-timeout", "20", "--log-level", "warning") as s:
-        yield s
+                        "--metrics-bind", f"127.0.0.1:{metrics_port}", "--read-timeout", "20",
+                        "--log-level", "warning") as (base, ca, log, proc):
+        yield base, ca, metrics_port
+
+
+def connect(server, request) -> ssl.SSLSocket:
+    base, ca, _ = server
+    ctx = ssl.create_default_context(cafile=ca)
+    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=20),
+                           server_hostname="127.0.0.1")
+    request.addfinalizer(sock.close)  # a failure must not leave it holding the worker's room
+    return sock
+
+
+def post_large(server, body: bytes) -> requests.Response:
+    base, ca, _ = server
+    return requests.post(base + "/validate", data=body, headers={"Content-Type": "application/json"}, verify=ca,
+                         timeout=20)
 
 
 def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, request):
-    base, ca, _, _ = server
-    port = int(base.rsplit(":", 1)[1])
-    ctx = ssl.create_default_context(cafile=ca)
+    base, ca, _ = server
     body = large_review()
     assert len(body) <= MAX_BODY and 2 * len(body) > IN_FLIGHT
+    # Connected (handshakes done) first, so the heads below reach the worker well inside the grace period.
+    first, second, mid = (connect(server, request) for _ in range(3))
 
-    # The first large review: its head and half its body, then it waits (the worker holds its length).
-    first = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20), server_hostname="127.0.0.1")
-    request.addfinalizer(first.close)  # a failure below must not leave it holding the worker's room
+    # The first large review: its head and half its body (the worker holds its length)...
     first.sendall(head(len(body)) + body[: len(body) // 2])
-    time.sleep(0.5)
-
-    # A second large one does not fit beside it: 503 with a JSON error naming the cap, and the connection closed.
-    second = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20), server_hostname="127.0.0.1")
+    # ... and a mid-size body that still fits beside it: the room is full.
+    mid.sendall(head(IN_FLIGHT - len(body) - 10) + b"{")
+    # A second large one does not fit: 503 with a JSON error naming the cap, and the connection closed.
     second.sendall(head(len(body)))
     status, data = read_status(second)
     assert status == 503, data[:300]
     assert f"over {IN_FLIGHT} bytes of request bodies in flight".encode() in data
-    second.close()
-
-    # A mid-size body that still fits is held too, and the room is full...
-    mid = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20), server_hostname="127.0.0.1")
-    request.addfinalizer(mid.close)
-    mid.sendall(head(IN_FLIGHT - len(body) - 10) + b"{")
-    time.sleep(0.5)
-    # ... yet a small review is never refused (a client stalling large bodies cannot turn the API server's
-    # usual reviews away), and is judged: no entry, so refused by the rules.
+    # A small review is never refused (a client stalling large bodies cannot turn the API server's usual
+    # reviews away), and is judged: no entry, so refused by the rules.
     small = requests.post(base + "/validate", json=review(trainjob()), verify=ca, timeout=20)
     assert small.status_code == 200 and small.json()["response"]["uid"] == "uid-1"
-    mid.close()
-    time.sleep(0.5)
 
-    # The first is answered in full once its body is in; then a large review fits again.
+    # The first is answered in full once its body is in; with the mid-size one gone, a large review fits.
     first.sendall(body[len(body) // 2:])
     status, data = read_status(first)
     assert status == 200, data[:300]
+    mid.close()
     first.close()
-    again = requests.post(base + "/validate", data=body, headers={"Content-Type": "application/json"},
-                          verify=ca, timeout=20)
-    assert again.status_code == 200 and "response" in again.json()
+    time.sleep(0.5)
+    assert post_large(server, body).status_code == 200
 
 
-def test_a_body_dropped_mid_way_gives_its_room_back(server):
-    """A client that goes away mid-body does not leave its length counted: a large review fits afterwards."""
-    base, ca, _, _ = server
-    port = int(base.rsplit(":", 1)[1])
-    ctx = ssl.create_default_context(cafile=ca)
+def test_a_stalled_body_gives_way_to_a_newcomer(server, request):
+    """A client that declares a large body and stalls cannot hold the room: past the grace period, read
+    slower than the minimum rate, it is closed to make room for the next large review."""
+    body = large_review()
+    staller = connect(server, request)
+    staller.sendall(head(len(body)) + body[:1000])
+    time.sleep(GRACE + 0.5)
+    r = post_large(server, body)
+    assert r.status_code == 200, r.text[:300]
+    staller.settimeout(5)
+    try:
+        assert staller.recv(1) == b""  # closed by the worker
+    except (ConnectionResetError, ssl.SSLError):
+        pass
+
+
+def test_the_room_comes_back_exactly(server, request):
+    """Clients that go away mid-body, and answered requests, leave nothing counted: a body of exactly the
+    cap fits afterwards (one byte counted too many would refuse it)."""
     body = large_review()
     for _ in range(3):
-        gone = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20), server_hostname="127.0.0.1")
+        gone = connect(server, request)
         gone.sendall(head(len(body)) + body[:1000])
         time.sleep(0.2)
         gone.close()
+    assert post_large(server, body).status_code == 200
     time.sleep(0.5)
-    r = requests.post(base + "/validate", data=body, headers={"Content-Type": "application/json"}, verify=ca,
-                      timeout=20)
-    assert r.status_code == 200, r.text[:300]
+    holder, exact = connect(server, request), connect(server, request)
+    holder.sendall(head(len(body)) + body[:1000])
+    exact.sendall(head(IN_FLIGHT - len(body)))  # fits only if nothing else is counted
+    holder.sendall(body[1000:])
+    assert read_status(holder)[0] == 200
+    exact.sendall(b"x" * (IN_FLIGHT - len(body)))
+    status, data = read_status(exact)
+    assert status == 400 and b"JSON" in data, data[:300]  # read whole and answered (not JSON), not refused 503
+
+
+def test_the_metrics_port_takes_no_body(server):
+    """The metrics port is open to the namespaces Prometheus runs in: a body there is refused at its head
+    and holds no room."""
+    _, _, metrics_port = server
+    with socket.create_connection(("127.0.0.1", metrics_port), timeout=20) as plain:
+        plain.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 400000\r\n\r\n")
+        status, data = read_status(plain)
+    assert status == 413 and b"no request body" in data, data[:300]
+    assert post_large(server, large_review()).status_code == 200

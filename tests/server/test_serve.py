@@ -254,11 +254,15 @@ def test_metrics_on_a_port_of_their_own(ops):
     # The probes' paths are there too (the kubelet has no client certificate for the TLS port)...
     assert get(metrics_url + "/healthz") == (200, '{"status":"ok"}')
     assert get(metrics_url + "/readyz")[0] == 200
-    # ... and nothing else: no review path in plain HTTP, and no metrics on the TLS port.
+    # ... and nothing else: no review path in plain HTTP (a review's body is refused at its head, and the
+    # path is not there), and no metrics on the TLS port.
     for path in ("/mutate", "/validate", "/runtimes"):
         req = urllib.request.Request(metrics_url + path, data=BODY, headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 413
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(metrics_url + path, method="POST"), timeout=5)
         assert e.value.code == 404
     assert requests.get(base + "/metrics", verify=ca, timeout=5).status_code == 404
 
