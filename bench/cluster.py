@@ -108,8 +108,9 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-def _rss_mib(pid: int | str, field: str = "VmRSS:") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _proc_mib(path: str, field: str) -> float:
+    """A kB figure of a /proc file (status, smaps_rollup), in MiB."""
+    for line in Path(path).read_text().splitlines():
         if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
@@ -117,18 +118,14 @@ def _rss_mib(pid: int | str, field: str = "VmRSS:") -> float:
 
 def worker_rss_mib(pid: int) -> list[float]:
     """Resident memory of each gunicorn worker (the children of the serve process)."""
-    return [_rss_mib(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def pod_pss_mib(pid: int) -> float:
     """Proportional memory of the serve process and its workers together: what a pod's cgroup holds for
     them, with the pages the workers share after fork counted once."""
-    total = 0.0
-    for p in [str(pid)] + Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) / 1024
-    return total
+    return sum(_proc_mib(f"/proc/{p}/smaps_rollup", "Pss:")
+               for p in [str(pid)] + Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
 
 
 FLOOR_LEVEL_MAX = 32  # floors are measured at the levels up to this one

@@ -24,6 +24,17 @@ class Unusable(Exception):
     """Input or settings the command cannot work with: exit 2 with a message on stderr."""
 
 
+def _positive(kind: type):
+    """An argparse type: a number above 0 (a size or a count of 0 or less would refuse every request)."""
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not above 0")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 def _now(text: str | None):
     if text is None:
         return lambda: datetime.now(timezone.utc)
@@ -202,12 +213,12 @@ def parser() -> argparse.ArgumentParser:
                    help="serve /metrics in plain HTTP on a port of its own (and not on --bind)")
     s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
     s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
-    s.add_argument("--workers", type=int, default=None,
+    s.add_argument("--workers", type=_positive(int), default=None,
                    help="gunicorn workers (default: gunicorn's configuration, else 2)")
     s.add_argument("-c", "--gunicorn-config", metavar="FILE",
                    help="a gunicorn configuration file (Python), as `gunicorn -c` reads; GUNICORN_CMD_ARGS is read too;"
                         " serve's own flags win over both")
-    s.add_argument("--read-timeout", type=float, default=None, metavar="SECONDS",
+    s.add_argument("--read-timeout", type=_positive(float), default=None, metavar="SECONDS",
                    help="a client has this long to complete the TLS handshake, and to send a whole request once it"
                         " has started (default 5)")
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
@@ -225,8 +236,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--runtime-metric-labels", action="store_true",
                    help="export dispatch_admission_runtime_ready per runtime (kind, namespace, name); default: only"
                         " counts per kind, so /metrics names no tenant's runtimes")
-    s.add_argument("--max-body", type=int, default=None, help="largest request body in bytes (default 7 MiB)")
-    s.add_argument("--max-body-in-flight", type=int, default=None, metavar="BYTES",
+    s.add_argument("--max-body", type=_positive(int), default=None, help="largest request body in bytes (default 7 MiB)")
+    s.add_argument("--max-body-in-flight", type=_positive(int), default=None, metavar="BYTES",
                    help="request body bytes one worker holds at once; a body over 64 KiB that would go over it"
                         " is answered 503 (default: --max-body plus 1 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

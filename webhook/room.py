@@ -9,7 +9,7 @@ holding the room with a declared length it does not send); if it still does not 
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 HEADROOM = 1024 * 1024  # the default cap is the largest body and this: small reviews fit beside a large one
 
@@ -28,12 +28,13 @@ class Room:
         self.cap, self.small, self.min_rate, self.grace = cap, small, min_rate, grace
         self.used = 0
 
-    def admit(self, length: int, now: float, reading: Iterable[tuple[Held, object]]) -> bool:
-        """Room for a body of `length`? `reading`: (request, its connection) for the requests whose bodies
-        are being read; the slow ones are closed (their connection's close(abort=True)) to make room."""
+    def admit(self, length: int, now: float, reading: Callable[[], Iterable[tuple[Held, object]]]) -> bool:
+        """Room for a body of `length`? `reading()`: (request, its connection) for the requests whose bodies
+        are being read, called only when the body does not fit; the slow ones are closed (their
+        connection's close(abort=True)) to make room."""
         if length <= self.small or not self.used or self.used + length <= self.cap:
             return True
-        slow = sorted(((req.received / max(now - req.since, 1e-6), req, conn) for req, conn in reading
+        slow = sorted(((req.received / max(now - req.since, 1e-6), req, conn) for req, conn in reading()
                        if req.held and not req.dispatched and now - req.since >= self.grace),
                       key=lambda t: t[0])
         for rate, _, conn in slow:

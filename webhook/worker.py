@@ -415,7 +415,7 @@ class Connection(asyncio.Protocol):
         if length and not self.site.bodies:
             raise Refused(413, "no request body is taken on this port")
         over = length > self.site.options.max_body
-        if not over and not room.admit(length, now, self.site.worker.reading()):
+        if not over and not room.admit(length, now, self.site.worker.reading):
             raise Refused(503, f"over {room.cap} bytes of request bodies in flight in this worker: try again")
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 instead, and will not send the body: closed after.

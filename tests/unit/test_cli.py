@@ -115,3 +115,13 @@ def test_review_with_unusable_settings_exits_2(tmp_path):
     bad.write_text('{"manager": null}')
     got = cli("review", "--settings", str(bad), *runtime_args(), stdin=json.dumps(review(trainjob())))
     assert got.returncode == 2 and "ErrInvalid: manager" in got.stderr and not got.stdout
+
+
+@pytest.mark.parametrize("flag", ["--max-body", "--max-body-in-flight", "--workers", "--read-timeout"])
+def test_serve_sizes_and_counts_must_be_above_zero(flag):
+    """A body cap, a worker count or a timeout of 0 or less would refuse every review: refused at the
+    command line, naming the flag (exit 2), before anything starts."""
+    for value in ("0", "-5"):
+        got = subprocess.run([sys.executable, "-m", "webhook", "serve", flag, value], capture_output=True, text=True,
+                             timeout=60)
+        assert got.returncode == 2 and f"argument {flag}" in got.stderr and "is not above 0" in got.stderr, got.stderr

@@ -20,9 +20,9 @@ import re
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
-from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from . import patch, rules
