@@ -1,28 +1,31 @@
 """Runtimes from the Kubernetes API: a list-and-watch cache, so a review of a known runtime makes no call.
 
-Each gunicorn worker keeps its own cache (replicated, not shared): two workers mean two watches,
-a small and constant load on the API server, and no cross-process state to get wrong. A miss is
-confirmed with one live read before it is reported as not found (SPEC 7).
+One cache per pod (webhook.store): the keeper, a process serve's master forks, lists and watches and
+writes; the workers read it (`ClusterRuntimes`). Two workers cost one watch and one copy of the runtimes.
+A miss is confirmed with one live read by the worker before it is reported as not found (SPEC 7).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Callable, Iterable, Iterator
 
 from . import metrics
-from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Runtime, RuntimeIndex, RuntimeUnavailable,
-                            WouldBlock, key_of)
+from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Key, Runtime, RuntimeUnavailable,
+                            WouldBlock, stored_version)
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 240
 LIST_PAGE = 500  # a page is parsed whole before its items are taken: smaller pages, a smaller peak
+PAGE_BYTES = 4 << 20  # ... and after a page larger than this, fewer items a page
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
 NEGATIVE_SECONDS = 1.0  # a miss the API server confirmed is answered from memory this long (no live GET each time)
-NEGATIVE_LIMIT = 10_000  # ... for at most this many names at once (then the oldest are forgotten)
+NEGATIVE_LIMIT = 10_000  # ... for at most this many names at once (then they are all forgotten)
+FOUND_SECONDS = 5.0  # a runtime a live read found is answered from memory this long (the watch brings it meanwhile)
 
 
 class Gone(Exception):
@@ -68,39 +71,26 @@ def slim(obj: dict, kind: str) -> Runtime:
     return Runtime.of(obj, kind)
 
 
-class Readiness:
-    """dispatch_admission_runtime_ready from the watch cache (SPEC 8.3): 1 when the runtime can carry the
-    publish mount, 0 when TrainJobs naming it are refused; a deleted runtime's series goes away."""
+def _trim() -> None:
+    """Give the heap freed by a list back to the system (glibc keeps it otherwise: the pages of a 10,000-item
+    list would stay in the pod's memory until the next one)."""
+    import ctypes
+    import gc
 
-    def __init__(self, can_carry: Callable[[dict], bool]):
-        self.can_carry = can_carry
-
-    def put(self, obj) -> None:
-        kind, namespace, name = key_of(obj)
-        try:
-            ready = self.can_carry(obj)
-        except Exception:  # a runtime the rules cannot read cannot carry the mount either
-            log.exception("judging runtime %s %s/%s", kind, namespace, name)
-            ready = False
-        metrics.set_runtime_ready(kind, namespace, name, ready)
-
-    def delete(self, obj) -> None:
-        metrics.forget_runtime(*key_of(obj))
-
-    def replace(self, kind: str, objs: list) -> None:
-        metrics.forget_runtimes(kind)
-        for obj in objs:
-            self.put(obj)
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 class Reflector:
     """List, then watch from the list's resourceVersion; relist on 410 Gone and, with backoff, on errors."""
 
-    def __init__(self, kind: str, index: RuntimeIndex, list_fn: ListFn, watch_fn: WatchFn,
-                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None,
-                 readiness: Readiness | None = None):
+    def __init__(self, kind: str, index, list_fn: ListFn, watch_fn: WatchFn,
+                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None):
+        """`index`: where runtimes go (a RuntimeIndex, or the pod's StoreWriter): put, delete, replace, count."""
         self.kind, self.index, self.list_fn, self.watch_fn, self.sleep = kind, index, list_fn, watch_fn, sleep
-        self.readiness = readiness
         self.backoff = backoff or Backoff()
         self.synced = threading.Event()
         self.stopped = threading.Event()
@@ -110,14 +100,15 @@ class Reflector:
         while not self.stopped.is_set() and (rounds is None or rounds > 0):
             rounds = None if rounds is None else rounds - 1
             try:
-                items, version = self.list_fn(self.kind)
-                items = [slim(i, self.kind) for i in items]  # list items may also omit their kind
-                self.index.replace(self.kind, items)
-                if self.readiness:
-                    self.readiness.replace(self.kind, items)
+                listed = self.list_fn(self.kind)  # (items, version), or a Listing: its version once read
+                items, version = listed if isinstance(listed, tuple) else (listed, None)
+                # Taken one by one as the pages arrive: a large list never sits in memory whole.
+                count = self.index.replace(self.kind, (slim(i, self.kind) for i in items))
+                version = listed.version if version is None else version
+                _trim()
                 self.synced.set()
                 metrics.get().cache_sync.labels(self.kind).set_to_current_time()
-                metrics.get().cache_size.labels(self.kind).set(len(items))
+                metrics.get().cache_size.labels(self.kind).set(count)
                 self.backoff.reset()
                 self._watch(version)
             except Gone:
@@ -140,75 +131,67 @@ class Reflector:
                 if kind in ("ADDED", "MODIFIED"):
                     obj = slim(obj, self.kind)
                     self.index.put(obj)
-                    if self.readiness:
-                        self.readiness.put(obj)
                 elif kind == "DELETED":
                     obj = slim(obj, self.kind)
                     self.index.delete(obj)
-                    if self.readiness:
-                        self.readiness.delete(obj)
                 metrics.get().cache_size.labels(self.kind).set(self.index.count(self.kind))
                 if self.stopped.is_set():
                     return
             # A watch that ends normally (server timeout) resumes from the last version seen.
 
 
-class ClusterRuntimes:
-    """The RuntimeSource for a cluster: the watch cache, with one live read to confirm a miss."""
+class Listing:
+    """Every runtime of `kind`, page by page (one snapshot: the pages share its resourceVersion), each item
+    cut to its essentials as it arrives; `version` is the list's resourceVersion once the pages are read.
 
-    def __init__(self, api_client, start: bool = True, can_carry: Callable[[dict], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    A page holds LIST_PAGE items, fewer after a page of large ones (near PAGE_BYTES of JSON): runtimes near
+    the size cap are read a few at a time, not hundreds at once."""
+
+    def __init__(self, api: "RuntimeAPI", kind: str):
+        self.api, self.kind, self.version = api, kind, None
+
+    def __iter__(self) -> Iterator[Runtime]:
+        import orjson
+
+        token, version, limit = None, "", LIST_PAGE
+        while True:
+            metrics.get().api_requests.labels("list", self.kind).inc()
+            kw = {"_continue": token} if token else {}
+            raw = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=limit,
+                                                          _request_timeout=(5, 30), _preload_content=False, **kw).data
+            got = orjson.loads(raw)
+            items = got.get("items") or []
+            if len(raw) > PAGE_BYTES and items:
+                limit = max(1, min(LIST_PAGE, int(len(items) * PAGE_BYTES / len(raw))))
+            meta = got.get("metadata") or {}
+            version = meta.get("resourceVersion") or version
+            token = meta.get("continue")
+            raw = got = None
+            while items:
+                yield slim(items.pop(), self.kind)
+            if not token:
+                self.version = version
+                return
+
+
+class RuntimeAPI:
+    """The three reads of runtimes the webhook makes: list (in pages), watch, and get one."""
+
+    def __init__(self, api_client):
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
-        self.index = RuntimeIndex()
-        self.clock = clock
-        self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
-        readiness = Readiness(can_carry) if can_carry else None
-        self.reflectors = {k: Reflector(k, self.index, self._list, self._watch, readiness=readiness) for k in KINDS}
-        if start:
-            for r in self.reflectors.values():
-                threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
 
-    def ready(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors.values())
-
-    def stop(self) -> None:
-        for r in self.reflectors.values():
-            r.stopped.set()
-
-    def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
-        if not self.reflectors[kind].synced.is_set():
-            raise RuntimeUnavailable("the runtime cache has not completed its first list yet")
-        found = self.index.get(kind, namespace, name)
-        if found is not None:
-            return found
-        key = (kind, namespace, name)
-        until = self._missing.get(key)
-        if until is not None and self.clock() < until:
-            return None  # the negative cache: a name probed again and again costs the API server one GET a second
-        if not blocking_allowed():
-            raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
-        found = self._live_read(kind, namespace, name)
-        if found is None:
-            if len(self._missing) >= NEGATIVE_LIMIT:
-                self._missing.clear()
-            self._missing[key] = self.clock() + NEGATIVE_SECONDS
-        else:
-            self._missing.pop(key, None)
-        return found
-
-    def _live_read(self, kind: str, namespace: str, name: str) -> Runtime | None:
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
         metrics.get().api_requests.labels("get", kind).inc()
         try:
             if kind == CLUSTER_KIND:
-                obj = self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
+                return self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
+                                                          _request_timeout=LIVE_READ_TIMEOUT)
+            return self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
                                                          _request_timeout=LIVE_READ_TIMEOUT)
-            else:
-                obj = self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
-                                                            _request_timeout=LIVE_READ_TIMEOUT)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -217,28 +200,11 @@ class ClusterRuntimes:
         except Exception as e:
             metrics.get().api_errors.labels("get", kind).inc()
             raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
-        obj = slim(obj, kind)
-        self.index.put(obj)
-        return obj
 
-    def _list(self, kind: str) -> tuple[list, str]:
-        """Every runtime of `kind`, in pages (one snapshot: the pages share its resourceVersion), each item
-        cut to its essentials as it arrives, so a large list never sits in memory whole."""
-        items: list[dict] = []
-        token, version = None, ""
-        while True:
-            metrics.get().api_requests.labels("list", kind).inc()
-            kw = {"_continue": token} if token else {}
-            got = self.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[kind], limit=LIST_PAGE,
-                                                      _request_timeout=(5, 30), **kw)
-            items += [slim(i, kind) for i in got.get("items") or []]
-            meta = got.get("metadata") or {}
-            version = meta.get("resourceVersion") or version
-            token = meta.get("continue")
-            if not token:
-                return items, version
+    def list(self, kind: str) -> "Listing":
+        return Listing(self, kind)
 
-    def _watch(self, kind: str, version: str) -> Iterator[dict]:
+    def watch(self, kind: str, version: str) -> Iterator[dict]:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
@@ -255,6 +221,117 @@ class ClusterRuntimes:
             raise
         finally:
             w.stop()
+
+
+class Keeper:
+    """The pod's one list-and-watch per kind, writing into the store (run in the keeper process)."""
+
+    def __init__(self, api: RuntimeAPI, store, start: bool = True):
+        self.store = store
+        self.reflectors = {k: Reflector(k, store, api.list, api.watch) for k in KINDS}
+        if start:
+            for r in self.reflectors.values():
+                threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
+
+    def stop(self) -> None:
+        for r in self.reflectors.values():
+            r.stopped.set()
+
+
+class ClusterRuntimes:
+    """The RuntimeSource for a cluster, in a worker: the pod's store, with one live read to confirm a miss.
+
+    A runtime found by a live read (created since the keeper last wrote) is kept here for a few seconds,
+    until the watch brings it to the store; a confirmed miss is remembered for a second."""
+
+    def __init__(self, store, api: RuntimeAPI | None, clock: Callable[[], float] = time.monotonic):
+        self.store, self.api, self.clock = store, api, clock
+        self._synced: set[str] = set()
+        self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
+        self._found: dict[tuple[str, str, str], tuple[float, Runtime]] = {}  # key -> (until when, live read)
+        self._judged: dict[bytes, tuple[bytes, object, bool]] = {}  # for readiness(): version, settings, verdict
+
+    def synced(self, kind: str) -> bool:
+        if kind not in self._synced and self.store.synced(kind):
+            self._synced.add(kind)  # a store once listed stays listed (a relist swaps it whole)
+        return kind in self._synced
+
+    def ready(self) -> bool:
+        return all(self.synced(k) for k in KINDS)
+
+    def __iter__(self):
+        return iter(self.store)
+
+    def readiness(self, can_carry: Callable[[Runtime], bool], settings: Callable[[], object]) -> Iterator[tuple[Key, bool]]:
+        """Each runtime's key and `can_carry(runtime)`, judged again only for a runtime whose resourceVersion
+        or the settings in use (`settings()`) changed since the last call (a scrape judges 10,000 runtimes)."""
+        token, seen = settings(), {}
+        for k, raw in self.store.items():
+            version = stored_version(raw)
+            hit = self._judged.get(k)
+            ok = hit[2] if hit is not None and hit[0] == version and hit[1] is token else can_carry(
+                Runtime.from_bytes(raw))
+            seen[k] = (version, token, ok)
+            yield tuple(k.decode().split("\x1f")), ok  # type: ignore[misc]
+        self._judged = seen
+
+    def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
+        if not self.synced(kind):
+            raise RuntimeUnavailable("the runtime cache has not completed its first list yet")
+        found = self.store.get(kind, namespace, name)
+        if found is not None:
+            return found
+        key = (kind, namespace, name)
+        now = self.clock()
+        until = self._missing.get(key)
+        if until is not None and now < until:
+            return None  # the negative cache: a name probed again and again costs the API server one GET a second
+        live = self._found.get(key)
+        if live is not None and now < live[0]:
+            return live[1]
+        if not blocking_allowed():
+            raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
+        obj = self.api.get(kind, namespace, name) if self.api is not None else None
+        for table in (self._missing, self._found):
+            if len(table) >= NEGATIVE_LIMIT:
+                table.clear()
+        if obj is None:
+            self._missing[key] = self.clock() + NEGATIVE_SECONDS
+            self._found.pop(key, None)
+            return None
+        self._missing.pop(key, None)
+        runtime = slim(obj, kind)
+        self._found[key] = (self.clock() + FOUND_SECONDS, runtime)
+        return runtime
+
+
+def keep(directory: str, kubeconfig: str | None, parent: int) -> None:
+    """The keeper process: the pod's watch, writing the store in `directory`, until its parent is gone."""
+    from .store import StoreWriter
+
+    _die_with_parent(parent)
+    keeper = Keeper(RuntimeAPI(api_client(kubeconfig)), StoreWriter(directory))
+    for kind in KINDS:
+        metrics.get().cache_synced.labels(kind).set(0)
+    while os.getppid() == parent:
+        for kind, reflector in keeper.reflectors.items():
+            if reflector.synced.is_set():
+                metrics.get().cache_synced.labels(kind).set(1)
+        keeper.store.reader_check()
+        time.sleep(1)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the master dies, however it dies (prctl PR_SET_PDEATHSIG); the loop above checks too."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def api_client(kubeconfig: str | None, prefer_kubeconfig: bool = False):

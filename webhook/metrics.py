@@ -7,9 +7,9 @@ PROMETHEUS_MULTIPROC_DIR, a fresh directory when unset): a scrape answered by an
 (or min/max) over the live workers. `get()` answers the families, made single-process on first use where
 `start()` was never called (tests, the offline commands).
 
-Three families describe state every worker holds a full copy of (the serving certificate it loaded,
-the runtimes in its watch cache, whether its latest settings could be used) and are reported at scrape time by the worker that answers, from its
-own copy, rather than through the multiprocess files: a scrape shows one value per certificate and
+Three families describe state every worker holds (the serving certificate it loaded, the runtimes of
+the pod's cache judged with the settings it holds, whether its latest settings could be used) and are
+reported at scrape time by the worker that answers, rather than through the multiprocess files: a scrape shows one value per certificate and
 per runtime, a deleted runtime's series goes away with it (multiprocess files cannot remove a series),
 and the gunicorn master, which never serves, contributes nothing stale.
 
@@ -19,9 +19,9 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_review_seconds{endpoint}                       histogram
 - dispatch_admission_bad_requests_total{code}                       counter (4xx before review)
 - dispatch_admission_would_deny_total{sentinel,rule}                counter (warn mode, SPEC 8.1)
-- dispatch_admission_runtime_cache_size{kind}                       gauge (max over live workers)
-- dispatch_admission_runtime_cache_last_sync_timestamp_seconds{kind} gauge (max over workers)
-- dispatch_admission_runtime_cache_synced{kind}                     gauge 0/1 (min over live workers)
+- dispatch_admission_runtime_cache_size{kind}                       gauge (from the keeper, the pod's one watch)
+- dispatch_admission_runtime_cache_last_sync_timestamp_seconds{kind} gauge (max)
+- dispatch_admission_runtime_cache_synced{kind}                     gauge 0/1 (min over live processes)
 - dispatch_admission_runtimes_cannot_carry{kind}                     gauge, runtimes that cannot carry (SPEC 8.3)
 - dispatch_admission_runtime_ready{kind,namespace,name}             gauge 0/1 (SPEC 8.3), only with
   `serve --runtime-metric-labels`: by default /metrics names no runtime (no tenant's names leak through it,
@@ -36,16 +36,19 @@ The names are a contract (alerts and the dashboard query them):
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest, multiprocess, values)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 
 class Metrics:
@@ -69,7 +72,7 @@ class Metrics:
                                 "When the runtime cache last completed a list.", ["kind"], multiprocess_mode="max",
                                 registry=r)
         self.cache_synced = Gauge("dispatch_admission_runtime_cache_synced",
-                                  "1 when the runtime cache has completed its first list (in every live worker), else 0.",
+                                  "1 when the runtime cache has completed its first list, else 0.",
                                   ["kind"], multiprocess_mode="livemin", registry=r)
         self.client_timeouts = Counter("dispatch_admission_client_timeouts_total",
                                        "Connections closed because the client was too slow: stage is handshake, "
@@ -124,8 +127,9 @@ def get() -> Metrics:
 
 # ---- state reported by the worker that answers the scrape ----
 
-_runtimes: dict[tuple[str, str, str], bool] = {}
-_runtimes_lock = threading.Lock()
+# Where the scrape reads each runtime's readiness: (kind, namespace, name), ready. Judged when scraped,
+# from the pod's runtime cache and the settings in use (the cache is the pod's, the settings the worker's).
+_readiness: list[Callable[[], Iterable[tuple[tuple[str, str, str], bool]]]] = []
 _certificates: list[Callable[[], dict[str, float]]] = []
 _settings_valid = [True]
 
@@ -142,23 +146,9 @@ def name_runtimes(on: bool) -> None:
     _per_runtime[0] = on
 
 
-def set_runtime_ready(kind: str, namespace: str, name: str, ready: bool) -> None:
-    """Whether the runtime in this process's cache can carry the publish mount (SPEC 8.3)."""
-    with _runtimes_lock:
-        _runtimes[(kind, namespace or "", name)] = ready
-
-
-def forget_runtime(kind: str, namespace: str, name: str) -> None:
-    """The runtime left the cache (deleted): its series goes away."""
-    with _runtimes_lock:
-        _runtimes.pop((kind, namespace or "", name), None)
-
-
-def forget_runtimes(kind: str | None = None) -> None:
-    """Drop every runtime of `kind` (all with None), e.g. before a relist puts back what exists."""
-    with _runtimes_lock:
-        for key in [k for k in _runtimes if kind is None or k[0] == kind]:
-            del _runtimes[key]
+def judge_runtimes(readiness: Callable[[], Iterable[tuple[tuple[str, str, str], bool]]] | None) -> None:
+    """Report `readiness()` (each runtime's key and whether it can carry the mount) at each scrape; None stops."""
+    _readiness[:] = [readiness] if readiness else []
 
 
 def watch_certificates(expiry: Callable[[], dict[str, float]] | None) -> None:
@@ -179,8 +169,12 @@ class _State(Collector):
             for which, when in sorted(found.items()):
                 certs.add_metric([which], when)
         yield certs
-        with _runtimes_lock:
-            items = sorted(_runtimes.items())
+        items = []
+        for readiness in _readiness:
+            try:
+                items = sorted(readiness())
+            except Exception:  # a scrape never fails over this
+                log.exception("judging the runtimes for the scrape")
         unfit = GaugeMetricFamily("dispatch_admission_runtimes_cannot_carry",
                                   "Runtimes in the cache that cannot carry the publish mount: TrainJobs naming them "
                                   "are refused (SPEC 8.3).", labels=["kind"])

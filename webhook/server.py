@@ -14,6 +14,7 @@ import atexit
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from werkzeug.wsgi import get_content_length
 from . import metrics
 from .core.admission import MUTATE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied, ErrInvalid, Reason
-from .core.runtimes import RuntimeSource, WouldBlock
+from .core.runtimes import KINDS, RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
 from .live_settings import LiveSettings
@@ -408,35 +409,29 @@ def _reason(text: str) -> Reason:
     return Reason(ErrInvalid, "settings", text)
 
 
-def _runtime_source(opts: _Options, current: Callable[[], Settings]) -> RuntimeSource:
-    """Runtimes from files or the cluster's watch cache; either way, each runtime's readiness is exported,
-    judged with the settings in use (`current`)."""
+def _runtime_source(opts: _Options, current: Callable[[], Settings], store_directory: str | None) -> RuntimeSource:
+    """Runtimes from files, or from the pod's cache (the keeper's store); either way, each runtime's readiness
+    is exported, judged at scrape time with the settings in use (`current`)."""
     from .core.rules import runtime_facts
-    from .core.runtimes import KINDS, key_of
 
-    def can_carry(runtime: dict) -> bool:
-        return runtime_facts(runtime, current()).can_carry
+    def can_carry(runtime) -> bool:
+        try:
+            return runtime_facts(runtime, current()).can_carry
+        except Exception:  # a runtime the rules cannot read cannot carry the mount either
+            log.exception("judging runtime %s", runtime)
+            return False
 
     if opts.runtime_files:
         index = load_runtimes(opts.runtime_files)
-        for runtime in index:
-            metrics.set_runtime_ready(*key_of(runtime), can_carry(runtime))
+        metrics.judge_runtimes(lambda: ((r.key, can_carry(r)) for r in index))
         for kind in KINDS:
             metrics.get().cache_synced.labels(kind).set(1)  # files are read whole before serving
         return index
-    import threading
+    from .cluster import ClusterRuntimes, RuntimeAPI, api_client
+    from .store import StoreReader
 
-    from .cluster import ClusterRuntimes, api_client
-
-    source = ClusterRuntimes(api_client(opts.kubeconfig), can_carry=can_carry)
-    for kind, reflector in source.reflectors.items():
-        metrics.get().cache_synced.labels(kind).set(0)
-
-        def synced(kind=kind, event=reflector.synced) -> None:
-            event.wait()
-            metrics.get().cache_synced.labels(kind).set(1)
-
-        threading.Thread(target=synced, name=f"synced-{kind}", daemon=True).start()
+    source = ClusterRuntimes(StoreReader(store_directory), RuntimeAPI(api_client(opts.kubeconfig)))
+    metrics.judge_runtimes(lambda: source.readiness(can_carry, current))
     return source
 
 
@@ -475,14 +470,91 @@ def _self_managed_certificates(opts: _Options) -> None:
     threading.Thread(target=loop, name="certificate-refresh", daemon=True).start()
 
 
+class Companion:
+    """A process the master forks and keeps alive beside the workers: the runtime keeper. The master checks
+    it each time it checks its workers (about once a second) and forks another when it has exited."""
+
+    def __init__(self, name: str, main: Callable[[int], None]):
+        self.name, self.main = name, main
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+
+    def ensure(self, arbiter) -> None:
+        import select
+
+        if self.pidfd is not None:
+            if not select.select([self.pidfd], [], [], 0)[0]:
+                return
+            os.close(self.pidfd)
+            self.pidfd = None
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(self.pid)  # its live gauges leave the sums
+            log.warning(json.dumps({"msg": f"{self.name} exited: starting another", "pid": self.pid}))
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                self._child(arbiter)
+                self.main(parent)
+                code = 0
+            except BaseException:
+                log.exception("%s failed", self.name)
+            finally:
+                os._exit(code)
+        self.pid, self.pidfd = pid, os.pidfd_open(pid)
+        log.info(json.dumps({"msg": f"{self.name} started", "pid": pid}))
+
+    def _child(self, arbiter) -> None:
+        """Leave the master's role behind: its signal handlers and wake-up pipe, and its listening sockets."""
+        import signal
+
+        signal.set_wakeup_fd(-1)
+        for sig in [*arbiter.SIGNALS, signal.SIGCHLD]:
+            signal.signal(sig, signal.SIG_DFL)
+        for listener in arbiter.LISTENERS:
+            listener.close()
+        for fd in getattr(arbiter, "PIPE", []) or []:
+            os.close(fd)
+        try:
+            from gunicorn import util
+
+            util._setproctitle(f"{self.name} [{arbiter.proc_name}]")
+        except Exception:
+            pass
+
+    def stop(self) -> None:
+        import signal
+
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
 def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, workers: int | None, certfile: str,
                          keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
                          metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
                          max_body: int = DEFAULT_MAX_BODY, max_body_in_flight: int = 0,
-                         ops: Callable[[Callable], Callable] | None = None):
+                         ops: Callable[[Callable], Callable] | None = None, companion: Companion | None = None):
     """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
-    serves its app with this too, so the two are compared on equal terms)."""
+    serves its app with this too, so the two are compared on equal terms); `companion`, a process the master
+    keeps alive beside the workers."""
     from gunicorn.app.base import Application
+    from gunicorn.arbiter import Arbiter
+
+    class Master(Arbiter):
+        def manage_workers(self):
+            if companion is not None:
+                companion.ensure(self)
+            super().manage_workers()
+
+        def halt(self, reason=None, exit_status=0):
+            if companion is not None:
+                companion.stop()
+            super().halt(reason, exit_status)
 
     from . import gunicorn_config
     from .worker import WorkerOptions
@@ -508,6 +580,12 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
         def metrics_app(self):
             """The WSGI app of the metrics listener, made in the worker after the main one."""
             return ops(self.wsgi()) if ops else None
+
+        def run(self):
+            import gunicorn.app.base
+
+            gunicorn.app.base.Arbiter = Master  # BaseApplication.run makes its master by this name; gunicorn has no hook
+            super().run()
 
     return Server()
 
@@ -554,20 +632,30 @@ def run(args) -> int:
             print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
             return 1
 
-    def load():  # in each worker, after fork
-        from .core.rules import runtime_facts
-        from .core.runtimes import key_of
+    companion = store_directory = None
+    if not opts.runtime_files:  # the pod's one runtime cache: the keeper writes it, the workers read it
+        import kubernetes.client  # noqa: F401  imported once, here: the keeper and the workers share its pages
+        import kubernetes.config  # noqa: F401
+        import kubernetes.watch  # noqa: F401
 
+        from . import store
+        from .cluster import keep
+
+        store_directory = store.fresh_directory()
+        store.StoreWriter(store_directory).env.close()  # the files exist before any worker opens them
+        atexit.register(lambda: os.getpid() == master and shutil.rmtree(store_directory, ignore_errors=True))
+        companion = Companion("runtime keeper", lambda parent: keep(store_directory, opts.kubeconfig, parent))
+    master = os.getpid()
+
+    def load():  # in each worker, after fork
         metrics.watch_certificates(tls.expiry)
         metrics.name_runtimes(bool(getattr(args, "runtime_metric_labels", False)))
         current = [opts.settings]
-        runtimes = _runtime_source(opts, lambda: current[0])
+        runtimes = _runtime_source(opts, lambda: current[0], store_directory)
 
         def rejudge(settings: Settings) -> None:
-            """The runtimes' readiness under the settings just taken (SPEC 8.3)."""
+            """The runtimes' readiness is judged under the settings just taken from the next scrape (SPEC 8.3)."""
             current[0] = settings
-            for runtime in getattr(runtimes, "index", runtimes):
-                metrics.set_runtime_ready(*key_of(runtime), runtime_facts(runtime, settings).can_carry)
 
         return create_app(opts.settings, runtimes, tls.valid, opts.max_body, enforcement=opts.enforcement,
                           serve_metrics=opts.metrics_bind is None, live=opts.live_settings(), on_switch=rejudge)
@@ -575,7 +663,8 @@ def run(args) -> int:
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
                                   metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
-                                  max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops_app)
+                                  max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops_app,
+                                  companion=companion)
     cfg = server.cfg
     log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,
@@ -584,5 +673,8 @@ def run(args) -> int:
                          "settings": (f"ConfigMap {'/'.join(opts.settings_configmap)}" if opts.settings_configmap
                                       else opts.settings_file or "embedded example"),
                          "runtimes": "files" if opts.runtime_files else "cluster"}))
+    import gc
+
+    gc.freeze()  # what the master holds is never collected: the workers and the keeper keep sharing its pages
     server.run()
     return 0

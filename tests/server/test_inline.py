@@ -32,47 +32,90 @@ def test_would_block_passes_through_the_core_and_the_retry_answers():
     assert resp["status"]["code"] == 404 and source.calls == 2  # not found, after the (allowed) live read
 
 
-def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_forbidden():
-    cluster = ClusterRuntimes.__new__(ClusterRuntimes)  # no API client: only the cache path is exercised
-    from webhook.core.runtimes import RuntimeIndex
+class API:
+    """The live reads a worker makes on a miss, counted (found: the names that exist in the API server)."""
 
-    class Synced:
-        synced = type("E", (), {"is_set": staticmethod(lambda: True)})()
+    def __init__(self, found=()):
+        self.reads, self.found = [], set(found)
 
-    cluster.index = RuntimeIndex([{"kind": "ClusterTrainingRuntime", "metadata": {"name": "known"}}])
-    cluster.reflectors = {"ClusterTrainingRuntime": Synced(), "TrainingRuntime": Synced()}
-    cluster.clock, cluster._missing = (lambda: 0.0), {}
-    read = []
-    cluster._live_read = lambda *key: read.append(key)
+    def get(self, kind, namespace, name):
+        self.reads.append((kind, namespace, name))
+        return {"kind": kind, "metadata": {"name": name}} if name in self.found else None
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A worker's view of the pod's store, both kinds listed, with the given clock and API."""
+    from webhook.store import StoreReader, StoreWriter
+
+    writer = StoreWriter(str(tmp_path))
+    for kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
+        writer.replace(kind, [])
+
+    def make(api, clock=lambda: 0.0):
+        return writer, ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), api, clock=clock)
+
+    return make
+
+
+def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_forbidden(cluster):
+    api = API()
+    writer, runtimes = cluster(api)
+    writer.put({"kind": "ClusterTrainingRuntime", "metadata": {"name": "known"}})
     with NoBlocking():
-        assert cluster.get("ClusterTrainingRuntime", "", "known").name == "known"
+        assert runtimes.get("ClusterTrainingRuntime", "", "known").name == "known"
         with pytest.raises(WouldBlock):
-            cluster.get("ClusterTrainingRuntime", "", "unknown")
-    assert read == []
-    cluster.get("ClusterTrainingRuntime", "", "unknown")
-    assert read == [("ClusterTrainingRuntime", "", "unknown")]
+            runtimes.get("ClusterTrainingRuntime", "", "unknown")
+    assert api.reads == []
+    runtimes.get("ClusterTrainingRuntime", "", "unknown")
+    assert api.reads == [("ClusterTrainingRuntime", "", "unknown")]
 
 
-def test_a_confirmed_miss_is_remembered_for_a_second():
+def test_a_confirmed_miss_is_remembered_for_a_second(cluster):
     """The negative cache: a name that does not exist, asked again and again, costs one live read a second."""
     from webhook.cluster import NEGATIVE_SECONDS
-    from webhook.core.runtimes import RuntimeIndex
-
-    class Synced:
-        synced = type("E", (), {"is_set": staticmethod(lambda: True)})()
 
     now = [100.0]
-    cluster = ClusterRuntimes.__new__(ClusterRuntimes)
-    cluster.index, cluster.clock, cluster._missing = RuntimeIndex(), (lambda: now[0]), {}
-    cluster.reflectors = {"ClusterTrainingRuntime": Synced(), "TrainingRuntime": Synced()}
-    read = []
-    cluster._live_read = lambda *key: read.append(key)
+    api = API()
+    writer, runtimes = cluster(api, clock=lambda: now[0])
     for _ in range(5):
-        assert cluster.get("ClusterTrainingRuntime", "", "nope") is None
-    assert len(read) == 1
+        assert runtimes.get("ClusterTrainingRuntime", "", "nope") is None
+    assert len(api.reads) == 1
     with NoBlocking():  # answered from memory: no thread needed either
-        assert cluster.get("ClusterTrainingRuntime", "", "nope") is None
+        assert runtimes.get("ClusterTrainingRuntime", "", "nope") is None
     now[0] += NEGATIVE_SECONDS
-    assert cluster.get("ClusterTrainingRuntime", "", "nope") is None and len(read) == 2
-    cluster.index.put({"kind": "ClusterTrainingRuntime", "metadata": {"name": "nope"}})  # the watch brings it
-    assert cluster.get("ClusterTrainingRuntime", "", "nope").name == "nope"
+    assert runtimes.get("ClusterTrainingRuntime", "", "nope") is None and len(api.reads) == 2
+    writer.put({"kind": "ClusterTrainingRuntime", "metadata": {"name": "nope"}})  # the watch brings it
+    assert runtimes.get("ClusterTrainingRuntime", "", "nope").name == "nope"
+
+
+def test_a_runtime_found_by_a_live_read_is_kept_until_the_watch_brings_it(cluster):
+    """Created since the keeper last wrote: found by the worker's live read, then answered from memory for a
+    few seconds (the watch brings it to the store meanwhile), not read again for each review."""
+    from webhook.cluster import FOUND_SECONDS
+
+    now = [0.0]
+    api = API(found={"new"})
+    writer, runtimes = cluster(api, clock=lambda: now[0])
+    assert runtimes.get("ClusterTrainingRuntime", "", "new").name == "new"
+    with NoBlocking():
+        assert runtimes.get("ClusterTrainingRuntime", "", "new").name == "new"
+    assert len(api.reads) == 1
+    now[0] += FOUND_SECONDS
+    api.found.clear()  # deleted before the watch wrote it: the next review reads again and finds nothing
+    assert runtimes.get("ClusterTrainingRuntime", "", "new") is None and len(api.reads) == 2
+
+
+def test_no_runtime_is_answered_before_the_first_list(tmp_path):
+    """A worker whose pod's keeper has not listed a kind yet answers ErrUnavailable (SPEC 7), not 'not found'."""
+    from webhook.core.runtimes import RuntimeUnavailable
+    from webhook.store import StoreReader, StoreWriter
+
+    writer = StoreWriter(str(tmp_path))
+    runtimes = ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), API())
+    assert not runtimes.ready()
+    with pytest.raises(RuntimeUnavailable):
+        runtimes.get("ClusterTrainingRuntime", "", "any")
+    writer.replace("ClusterTrainingRuntime", [])
+    writer.replace("TrainingRuntime", [])
+    assert runtimes.ready() and runtimes.get("ClusterTrainingRuntime", "", "any") is None

@@ -1,12 +1,14 @@
-"""SPEC 8.3: dispatch_admission_runtime_ready follows the watch cache, judged by the core's runtime rules."""
+"""SPEC 8.3: dispatch_admission_runtime_ready follows the pod's runtime cache (the keeper's store, filled by
+list and watch), judged at scrape time by the core's runtime rules with the settings in use."""
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from webhook import metrics
-from webhook.cluster import Readiness, Reflector
+from webhook.cluster import ClusterRuntimes, Reflector
 from webhook.core.rules import runtime_facts
-from webhook.core.runtimes import RuntimeIndex
-from tests.helpers import ROUTE2, runtime, settings
+from webhook.store import StoreReader, StoreWriter
+from tests.helpers import ROUTE1, ROUTE2, runtime, settings
 from tests.server.test_reflector import Script, StopReflector
 
 KIND = "ClusterTrainingRuntime"
@@ -20,52 +22,66 @@ def ready_series() -> dict:
             for m in registry.collect() if m.name == "dispatch_admission_runtime_ready" for s in m.samples}
 
 
-def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete():
-    route2 = settings(ROUTE2)
+@pytest.fixture
+def store(tmp_path):
+    writer = StoreWriter(str(tmp_path))
+    yield writer, ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), api=None)
+    metrics.judge_runtimes(None)
+
+
+def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete(store):
+    writer, cluster = store
+    current = [settings(ROUTE2)]
     good = runtime("good", jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
     bad = runtime("bad")  # no init container: route 2 cannot carry the mount (R4)
     edited = runtime("good", jobs={"node": {"containers": [{"name": "node"}]}})  # the init container removed
     gone = runtime("gone")
     for obj, rv in ((good, 1), (bad, 2), (edited, 3), (gone, 4)):
         obj["metadata"]["resourceVersion"] = str(rv)
-    metrics.forget_runtimes()
+    seen = []
+    metrics.judge_runtimes(lambda: cluster.readiness(
+        lambda rt: seen.append(rt.name) or runtime_facts(rt, current[0]).can_carry, lambda: current[0]))
+    script = Script([([good, bad, gone], "10"), StopReflector()], [[]])
+    Reflector(KIND, writer, script.list, script.watch, sleep=script.sleeps.append).run(rounds=2)
+    assert ready_series() == {(KIND, "", "good"): 1.0, (KIND, "", "bad"): 0.0, (KIND, "", "gone"): 0.0}
+    assert sorted(seen) == ["bad", "gone", "good"]
+    assert ready_series() and len(seen) == 3, "an unchanged runtime is not judged again at the next scrape"
     script = Script([([good, bad, gone], "10"), StopReflector()], [[
         {"type": "MODIFIED", "object": edited},
         {"type": "DELETED", "object": gone},
     ], []])
-    seen = []
-    r = Reflector(KIND, RuntimeIndex(), script.list, script.watch, sleep=script.sleeps.append,
-                  readiness=Readiness(lambda rt: seen.append(rt.name) or runtime_facts(rt, route2).can_carry))
-    r.run(rounds=2)
+    Reflector(KIND, writer, script.list, script.watch, sleep=script.sleeps.append).run(rounds=2)
     assert ready_series() == {(KIND, "", "good"): 0.0, (KIND, "", "bad"): 0.0}
-    assert seen == ["good", "bad", "gone", "good"]
+    assert seen[3:] == ["good"], "only the edited runtime is judged again"
+    current[0] = settings(ROUTE1)  # route 1 needs no init container: both can carry now
+    assert ready_series() == {(KIND, "", "good"): 1.0, (KIND, "", "bad"): 1.0}
+    assert sorted(seen[4:]) == ["bad", "good"], "new settings: every runtime judged again"
 
 
-def test_spec_8_3_readiness_after_list_only():
-    metrics.forget_runtimes()
+def test_spec_8_3_readiness_after_list_only(store):
+    writer, cluster = store
     route2 = settings(ROUTE2)
     good = runtime("ok", jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
+    metrics.judge_runtimes(lambda: cluster.readiness(lambda rt: runtime_facts(rt, route2).can_carry, lambda: route2))
     script = Script([([good], "1"), StopReflector()], [[]])
-    r = Reflector(KIND, RuntimeIndex(), script.list, script.watch, sleep=script.sleeps.append,
-                  readiness=Readiness(lambda rt: runtime_facts(rt, route2).can_carry))
-    r.run(rounds=2)
+    Reflector(KIND, writer, script.list, script.watch, sleep=script.sleeps.append).run(rounds=2)
     assert ready_series() == {(KIND, "", "ok"): 1.0}
 
 
 def test_runtimes_are_counted_not_named_by_default():
     """Without serve --runtime-metric-labels, /metrics names no runtime (a tenant's names, or series a tenant
     could multiply): only how many of each kind cannot carry the mount."""
-    metrics.forget_runtimes()
-    for name, ok in (("a", True), ("b", False), ("c", False)):
-        metrics.set_runtime_ready(KIND, "", name, ok)
-    metrics.set_runtime_ready("TrainingRuntime", "team-a", "d", True)
-    metrics.name_runtimes(False)
-    registry = CollectorRegistry()
-    registry.register(metrics.STATE)
-    families = {m.name: m for m in registry.collect()}
-    assert "dispatch_admission_runtime_ready" not in families
-    counts = {s.labels["kind"]: s.value for s in families["dispatch_admission_runtimes_cannot_carry"].samples}
-    assert counts == {KIND: 2.0, "TrainingRuntime": 0.0}
-    assert ready_series() == {(KIND, "", "a"): 1.0, (KIND, "", "b"): 0.0, (KIND, "", "c"): 0.0,
-                              ("TrainingRuntime", "team-a", "d"): 1.0}
-    metrics.forget_runtimes()
+    verdicts = {(KIND, "", "a"): True, (KIND, "", "b"): False, (KIND, "", "c"): False,
+                ("TrainingRuntime", "team-a", "d"): True}
+    metrics.judge_runtimes(lambda: verdicts.items())
+    try:
+        metrics.name_runtimes(False)
+        registry = CollectorRegistry()
+        registry.register(metrics.STATE)
+        families = {m.name: m for m in registry.collect()}
+        assert "dispatch_admission_runtime_ready" not in families
+        counts = {s.labels["kind"]: s.value for s in families["dispatch_admission_runtimes_cannot_carry"].samples}
+        assert counts == {KIND: 2.0, "TrainingRuntime": 0.0}
+        assert ready_series() == {k: float(v) for k, v in verdicts.items()}
+    finally:
+        metrics.judge_runtimes(None)

@@ -14,6 +14,7 @@ worked out once per settings and kept with it.
 
 from __future__ import annotations
 
+import marshal
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -133,6 +134,27 @@ class Runtime:
                    () if names > MAX_NAMES else tuple(jobs), names if names > MAX_NAMES else 0)
 
 
+    def to_bytes(self) -> bytes:
+        """The runtime as stored in the shared cache (webhook.store): its resourceVersion, a NUL, then its
+        fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
+        jobs = tuple((j.name, tuple(sorted(j.containers)), tuple(sorted(j.init_containers)), j.volumes,
+                      j.publish_mounts) for j in self.jobs)
+        return self.version.encode() + b"\0" + marshal.dumps(
+            (self.kind, self.namespace, self.name, tuple(sorted(self.policies)), jobs, self.oversize))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Runtime":
+        version, _, body = bytes(raw).partition(b"\0")
+        kind, namespace, name, policies, jobs, oversize = marshal.loads(body)
+        return cls(kind, namespace, name, version.decode(), frozenset(policies),
+                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m)) for n, c, i, v, m in jobs), oversize)
+
+
+def stored_version(raw: bytes) -> bytes:
+    """The resourceVersion of a stored runtime, without decoding the rest."""
+    return bytes(raw[:raw.index(b"\0")])
+
+
 def _obj(value) -> dict:
     return value if isinstance(value, dict) else {}
 
@@ -192,10 +214,11 @@ class RuntimeIndex:
         with self._lock:
             self._items.pop(key_of(obj), None)
 
-    def replace(self, kind: str, objs: Iterable) -> None:
-        """Swap in a fresh list of one kind atomically (after a list or relist)."""
+    def replace(self, kind: str, objs: Iterable) -> int:
+        """Swap in a fresh list of one kind atomically (after a list or relist); how many it holds."""
         fresh = {r.key: r for r in (Runtime.of(o, kind) for o in objs)}
         with self._lock:
             items = {k: v for k, v in self._items.items() if k[0] != kind}
             items.update(fresh)
             self._items = items
+        return len(fresh)
