@@ -8,16 +8,15 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
 - HTTP/1.1 framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
-  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (over it, the app answers 413 at
-  the head and the rest is dropped, so the client reads the answer), and the bodies one worker holds at once
-  by max_body_in_flight (webhook.room: a large body past it is 503 at the head). The API server sends Content-Length
-  bodies and never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
-- small reviews answered on the loop, the rest on gunicorn's `threads`; the worker writes the response
-  head, then calls the result's close() (PEP 3333) on the loop; pipelining and keep-alive kept.
+  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413) and the bodies one worker
+  holds by max_body_in_flight (webhook.room: 503), both answered at the head, the body then dropped as it
+  comes (the client reads the answer). The API server sends Content-Length bodies and never Expect or
+  Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
+- small reviews answered on the loop, the rest on gunicorn's `threads`; the response written, then the
+  result's close() (PEP 3333) called on the loop; pipelining and keep-alive kept.
 
-Options beyond gunicorn's settings come from the gunicorn application's `worker_options` (a
-`WorkerOptions`); the listener named there as the metrics address is served in plain HTTP with the
-application's `metrics_app()`.
+Options beyond gunicorn's settings: the application's `worker_options` (`WorkerOptions`); its metrics
+address is served in plain HTTP with the application's `metrics_app()`.
 """
 
 from __future__ import annotations
@@ -63,14 +62,13 @@ HANDSHAKE, IDLE, READING, BUSY, CLOSED = range(5)  # a connection's states
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed, else asyncio's (also with DISPATCH_ADMISSION_LOOP=asyncio, to tell a
-    fault of uvloop's from ours)."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    use = uvloop and os.environ.get("DISPATCH_ADMISSION_LOOP", "") != "asyncio"
-    return uvloop.new_event_loop() if use else asyncio.new_event_loop()
+    """uvloop's loop (a dependency), or asyncio's with DISPATCH_ADMISSION_LOOP=asyncio (to tell a fault of
+    uvloop's from ours)."""
+    if os.environ.get("DISPATCH_ADMISSION_LOOP", "") == "asyncio":
+        return asyncio.new_event_loop()
+    import uvloop
+
+    return uvloop.new_event_loop()
 
 
 class Worker(base.Worker):
@@ -160,8 +158,7 @@ class Worker(base.Worker):
             return  # another worker took it, or the client gave up
         except OSError as e:  # out of file descriptors or memory: wait a little rather than spin
             self.log.warning("accept failed (%s): pausing accepts for a second", e)
-            self._pause_accepting(sock, site, 1.0)
-            return
+            return self._pause_accepting(sock, site, 1.0)
         conn.setblocking(False)
         task = self.loop.create_task(self._connected(conn, site))
         self.tasks.add(task)
@@ -176,8 +173,7 @@ class Worker(base.Worker):
     async def _connected(self, sock, site: Site) -> None:
         conn = Connection(site)
         if not self.admit(conn):
-            sock.close()
-            return
+            return sock.close()
         # The handshake counts against worker_connections and can be evicted or closed at shutdown
         # (cancelling this task), under a backstop deadline beside the loop's own.
         conn.handshake = asyncio.current_task()
@@ -270,13 +266,13 @@ class Refused(Exception):
 class Request:
     """A request whose head has been read; its body (kept unless over the limit) follows."""
 
-    __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "body",
+    __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "busy", "body",
                  "complete", "dispatched", "held", "received", "since")
 
     def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, keep_alive: bool, over_limit: bool, since: float):
+                 length: int, keep_alive: bool, over_limit: bool, since: float, busy: str = ""):
         self.method, self.target, self.version, self.headers = method, target, version, headers
-        self.length, self.keep_alive, self.over_limit = length, keep_alive, over_limit
+        self.length, self.keep_alive, self.over_limit, self.busy = length, keep_alive, over_limit, busy
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
         self.held = self.received = 0  # held: its length, counted in the worker's room until answered
@@ -414,18 +410,18 @@ class Connection(asyncio.Protocol):
         room, now = self.site.worker.room, self.loop.time()
         if length and not self.site.bodies:
             raise Refused(413, "no request body is taken on this port")
-        over = length > self.site.options.max_body
-        if not over and not room.admit(length, now, self.site.worker.reading):
-            raise Refused(503, f"over {room.cap} bytes of request bodies in flight in this worker: try again")
+        busy = "" if length > self.site.options.max_body or room.admit(length, now, self.site.worker.reading) else (
+            f"over {room.cap} bytes of request bodies in flight in this worker: try again")
+        over = length > self.site.options.max_body or bool(busy)
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
-        # waiting to be told to continue is told 413 instead, and will not send the body: closed after.
+        # waiting to be told to continue is told 413 (or 503) instead, and will not send the body: closed after.
         keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
-                                     keep_alive=keep, over_limit=over, since=now)
+                                     keep_alive=keep, over_limit=over, since=now, busy=busy)
         room.hold(req)
-        if over:
-            self.ready.append(req)  # the app answers 413 from the length; the body is dropped as it comes
+        if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
+            self.ready.append(req)
 
     def on_body(self, data: bytes):
         self.request.received += len(data)
@@ -460,6 +456,10 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, req: Request):
         body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
         req.body, req.dispatched = [], True
+        if req.busy:  # no room for its body: 503 (the client reads it while its body is dropped)
+            metrics.get().bad_requests.labels("503").inc()
+            self.answering, self.state = req, BUSY
+            return self.loop.call_soon(self.respond, "503 Service Unavailable", JSON, error_body(503, req.busy))
         env = request_environ(self.environ, req.method, req.target, req.version, req.length, req.headers, body)
         self.answering, self.state, self.since = req, BUSY, self.loop.time()
         self.site.worker.nr += 1
