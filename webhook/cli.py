@@ -211,6 +211,9 @@ def parser() -> argparse.ArgumentParser:
                    " configuration, else 0.0.0.0:8443)")
     s.add_argument("--metrics-bind", default=None, metavar="HOST:PORT",
                    help="serve /metrics in plain HTTP on a port of its own (and not on --bind)")
+    s.add_argument("--metrics-auth", action="store_true",
+                   help="with --metrics-bind: serve that port in HTTPS and /metrics only to a bearer token the API"
+                        " server authenticates (TokenReview) and allows to get /metrics (SubjectAccessReview)")
     s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
     s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
     s.add_argument("--workers", type=_positive(int), default=None,

@@ -90,8 +90,9 @@ def _error(code: int, message: str) -> Response:
 
 
 REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
-STATUS = {200: "200 OK", 400: "400 Bad Request", 413: "413 Content Too Large", 415: "415 Unsupported Media Type",
-          500: "500 Internal Server Error"}
+STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
+          413: "413 Content Too Large", 415: "415 Unsupported Media Type", 500: "500 Internal Server Error",
+          503: "503 Service Unavailable"}
 INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
 
 
@@ -312,10 +313,11 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
 HEALTH_PATHS = ("/healthz", "/readyz")
 
 
-def ops_app(main: Callable) -> Callable:
-    """The plain-HTTP listener of `serve --metrics-bind`: GET /metrics, and /healthz and /readyz from the
-    main app (for kubelet probes when the TLS port requires client certificates); nothing else, so a
-    NetworkPolicy can open this port to Prometheus without opening the review paths."""
+def ops_app(main: Callable, auth=None) -> Callable:
+    """The listener of `serve --metrics-bind`: GET /metrics, and /healthz and /readyz from the main app (for
+    kubelet probes when the TLS port requires client certificates); nothing else, so a NetworkPolicy can open
+    this port to Prometheus without opening the review paths. `auth` (a MetricsAuth, `--metrics-auth`):
+    /metrics only for a token the API server authenticates and authorizes."""
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO")
@@ -328,6 +330,14 @@ def ops_app(main: Callable) -> Callable:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
             return [b""]
+        refused = auth.check(environ.get("HTTP_AUTHORIZATION")) if auth is not None else None
+        if refused is not None:
+            code, why = refused
+            body = _error_body(code, why)
+            extra = [("WWW-Authenticate", 'Bearer realm="metrics"')] if code == 401 else []
+            start_response(STATUS.get(code, f"{code} Error"), [("Content-Type", "application/json"),
+                                                               ("Content-Length", str(len(body))), *extra])
+            return [body]
         body, content_type = metrics.exposition()
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
@@ -371,6 +381,9 @@ class _Options:
         self.gunicorn_config = args.gunicorn_config
         self.metrics_bind = args.metrics_bind
         self.metrics_address = _address(args.metrics_bind) if args.metrics_bind else None
+        self.metrics_auth = bool(getattr(args, "metrics_auth", False))
+        if self.metrics_auth and not self.metrics_bind:
+            raise Denied([Reason(ErrInvalid, "--metrics-auth", "needs --metrics-bind: the port it guards")])
         self.enforcement = Enforcement(args.enforcement)
         self.settings_file = args.settings
         self.settings_configmap = None
@@ -538,7 +551,8 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
                          keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
                          metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
                          max_body: int = DEFAULT_MAX_BODY, max_body_in_flight: int = 0,
-                         ops: Callable[[Callable], Callable] | None = None, companion: Companion | None = None):
+                         ops: Callable[[Callable], Callable] | None = None, companion: Companion | None = None,
+                         metrics_tls: Callable[[], object] | None = None):
     """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
     serves its app with this too, so the two are compared on equal terms); `companion`, a process the master
     keeps alive beside the workers."""
@@ -562,7 +576,7 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
     class Server(Application):
         worker_options = WorkerOptions(handshake_timeout=read_timeout, request_timeout=read_timeout,
                                        max_body=max_body, max_body_in_flight=max_body_in_flight,
-                                       metrics_address=metrics_address)
+                                       metrics_address=metrics_address, metrics_tls=metrics_tls)
 
         def init(self, parser, opts, args):  # not called: load_config is ours
             return None
@@ -632,6 +646,15 @@ def run(args) -> int:
             print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
             return 1
 
+    ops, metrics_tls = ops_app, None
+    if opts.metrics_auth:  # HTTPS on the metrics port (no client certificate asked), tokens reviewed
+        from .cluster import api_client
+        from .metrics_auth import MetricsAuth
+
+        tls_options = {k: v for k, v in _tls_options(args).items() if k != "client_subjects"}
+        metrics_tls = certs.ReloadingContext(certfile, keyfile, None, cafile=str(opts.cert_dir / "ca.crt"),
+                                             **tls_options).get
+        ops = lambda main: ops_app(main, MetricsAuth(lambda: api_client(opts.kubeconfig)))  # noqa: E731
     companion = store_directory = None
     if not opts.runtime_files:  # the pod's one runtime cache: the keeper writes it, the workers read it
         import kubernetes.client  # noqa: F401  imported once, here: the keeper and the workers share its pages
@@ -663,8 +686,8 @@ def run(args) -> int:
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
                                   metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
-                                  max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops_app,
-                                  companion=companion)
+                                  max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops,
+                                  companion=companion, metrics_tls=metrics_tls)
     cfg = server.cfg
     log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,
@@ -672,7 +695,8 @@ def run(args) -> int:
                          "manager": opts.settings.manager, "publish": bool(opts.settings.publish),
                          "settings": (f"ConfigMap {'/'.join(opts.settings_configmap)}" if opts.settings_configmap
                                       else opts.settings_file or "embedded example"),
-                         "runtimes": "files" if opts.runtime_files else "cluster"}))
+                         "runtimes": "files" if opts.runtime_files else "cluster",
+                         "metrics_auth": opts.metrics_auth}))
     import gc
 
     gc.freeze()  # what the master holds is never collected: the workers and the keeper keep sharing its pages

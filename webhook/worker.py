@@ -16,7 +16,7 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   result's close() (PEP 3333) called on the loop; pipelining and keep-alive kept.
 
 Options beyond gunicorn's settings: the application's `worker_options` (`WorkerOptions`); its metrics
-address is served in plain HTTP with the application's `metrics_app()`.
+address is served with the application's `metrics_app()`, in plain HTTP unless given a TLS context.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class WorkerOptions:
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
     max_body_in_flight: int = 0  # bytes of request bodies held at once (read, or with the app); 0: max_body + headroom
-    metrics_address: tuple[str, int] | None = None   # a listener served in plain HTTP by metrics_app()
+    metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
+    metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
 
 HANDSHAKE, IDLE, READING, BUSY, CLOSED = range(5)  # a connection's states
@@ -78,9 +79,8 @@ class Worker(base.Worker):
         super().__init__(*args, **kwargs)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
-        self.listening: list = []
+        self.listening, self.quick = [], False  # quick: SIGQUIT or SIGINT, stop now
         self.tasks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
-        self.quick = False
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
         self.room = Room(self.options.max_body_in_flight or self.options.max_body + HEADROOM, INLINE_LIMIT)
 
@@ -129,10 +129,10 @@ class Worker(base.Worker):
                 host, port = listener.sock.getsockname()[:2]
             except (OSError, ValueError):
                 host, port = "", 0
-            plain = bool(want and self.metrics_wsgi is not None and port == want[1]
-                         and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost")))
-            site = Site(self, self.metrics_wsgi if plain else self.wsgi, self.cfg.is_ssl and not plain, host, port,
-                        bodies=not plain)
+            ops = bool(want and self.metrics_wsgi is not None and port == want[1]
+                       and (host == want[0] or want[0] in ("", "0.0.0.0", "::", "localhost")))
+            tls = self.options.metrics_tls if ops else (lambda: gunicorn_sock.ssl_context(self.cfg)) if self.cfg.is_ssl else None
+            site = Site(self, self.metrics_wsgi if ops else self.wsgi, tls, host, port, bodies=not ops)
             listener.sock.setblocking(False)
             loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
             self.listening.append(listener.sock)
@@ -178,7 +178,7 @@ class Worker(base.Worker):
         # (cancelling this task), under a backstop deadline beside the loop's own.
         conn.handshake = asyncio.current_task()
         conn.deadline = self.loop.time() + site.options.handshake_timeout + 1
-        tls = {"ssl": gunicorn_sock.ssl_context(site.cfg), "ssl_handshake_timeout": site.options.handshake_timeout,
+        tls = {"ssl": site.tls(), "ssl_handshake_timeout": site.options.handshake_timeout,
                "ssl_shutdown_timeout": site.options.request_timeout} if site.tls else {}
         try:
             await self.loop.connect_accepted_socket(lambda: conn, sock, **tls)
@@ -245,7 +245,7 @@ class Worker(base.Worker):
 class Site:
     """What the connections of one listener share."""
 
-    def __init__(self, worker: Worker, app: WSGIApp, tls: bool, host: str, port: int, bodies: bool = True):
+    def __init__(self, worker: Worker, app: WSGIApp, tls: Callable | None, host: str, port: int, bodies: bool = True):
         self.worker, self.app, self.tls, self.loop, self.cfg, self.options = worker, app, tls, worker.loop, worker.cfg, worker.options
         self.bodies = bodies  # the metrics listener takes none
         self.keepalive = float(self.cfg.keepalive)

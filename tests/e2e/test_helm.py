@@ -547,6 +547,25 @@ def test_metrics_have_a_port_of_their_own(helm, tmp_path):
     assert got.returncode != 0 and "networkPolicy.metricsFrom" in got.stderr
 
 
+def test_metrics_auth_serves_https_to_reviewed_tokens(helm, tmp_path):
+    """metrics.auth: serve --metrics-auth, the rights to review a token and its access, a ClusterRole to bind
+    Prometheus to, probes and the ServiceMonitor in HTTPS (tests/e2e/test_metrics_auth.py runs the server)."""
+    docs = rendered(helm, tmp_path, merged(VALUE_SETS["credentials"], {"metrics": {"auth": True}}))
+    assert "--metrics-auth" in args_of(docs)
+    assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in docs[
+        ("ClusterRole", FULL)]["rules"]
+    assert {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]} in docs[
+        ("ClusterRole", FULL)]["rules"]
+    assert docs[("ClusterRole", f"{FULL}-metrics-reader")]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    (endpoint,) = docs[("ServiceMonitor", FULL)]["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    container = webhook_pod(docs)["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    plain = rendered(helm, tmp_path, VALUE_SETS["credentials"])
+    assert "--metrics-auth" not in args_of(plain) and ("ClusterRole", f"{FULL}-metrics-reader") not in plain
+
+
 def test_network_policy_is_on_by_default_and_opens_only_what_the_values_name(helm, tmp_path):
     docs = rendered(helm, tmp_path, {})
     spec = docs[("NetworkPolicy", FULL)]["spec"]
