@@ -216,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
                         " server authenticates (TokenReview) and allows to get /metrics (SubjectAccessReview)")
     s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
     s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
+    s.add_argument("--runtime-store", metavar="DIR",
+                   help="where the pod's runtime cache is kept (emptied at start; default: a temporary directory,"
+                        " removed at exit)")
     s.add_argument("--workers", type=_positive(int), default=None,
                    help="gunicorn workers (default: gunicorn's configuration, else 2)")
     s.add_argument("-c", "--gunicorn-config", metavar="FILE",

@@ -664,9 +664,10 @@ def run(args) -> int:
         from . import store
         from .cluster import keep
 
-        store_directory = store.fresh_directory()
-        store.StoreWriter(store_directory).env.close()  # the files exist before any worker opens them
-        atexit.register(lambda: os.getpid() == master and shutil.rmtree(store_directory, ignore_errors=True))
+        given = getattr(args, "runtime_store", None)
+        store_directory = store.prepare(given)
+        if not given:
+            atexit.register(lambda: os.getpid() == master and shutil.rmtree(store_directory, ignore_errors=True))
         companion = Companion("runtime keeper", lambda parent: keep(store_directory, opts.kubeconfig, parent))
     master = os.getpid()
 

@@ -151,10 +151,21 @@ class StoreReader:
             yield Runtime.from_bytes(v)
 
 
-def fresh_directory(parent: str | None = None) -> str:
-    """A new, private directory for a pod's store (in the chart: /tmp, an in-memory emptyDir)."""
+def prepare(directory: str | None) -> str:
+    """The store's directory, emptied of an earlier container's store (`directory`, serve --runtime-store: the
+    pod's own volume), or a fresh private one (None: the caller removes it at exit). The files are made here,
+    before any worker opens them."""
     import tempfile
 
-    directory = tempfile.mkdtemp(prefix="dispatch-admission-runtimes-", dir=parent)
+    if directory:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+    else:
+        directory = tempfile.mkdtemp(prefix="dispatch-admission-runtimes-")
     os.chmod(directory, 0o700)
+    StoreWriter(directory).env.close()
     return directory

@@ -274,6 +274,7 @@ CONTEXTS = {
 }
 PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 CHANGES = {
+    "runtimeStore.sizeLimit": "2Gi",
     "nameOverride": "other",
     "fullnameOverride": "custom",
     "manager": "example.com/publish",

@@ -49,7 +49,7 @@ from tests.e2e.node import NODE_NAME, Images, NodeCluster
 from tests.e2e.registry import FileEntry, write_layer
 from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, assert_complete, assert_in_pod_checks,
                                  assert_only_our_mount, entry, logs, pods_of, start_trainer_on_node, trainjob)
-from tests.helpers import MANAGER, ROOT
+from tests.helpers import EXAMPLES, MANAGER, ROOT
 from tests.process import eventually, stop
 
 CHART = ROOT / "charts" / "dispatch-admission"
@@ -487,7 +487,7 @@ def test_the_webhook_reaches_the_api_server_through_the_kubernetes_service(inst)
         remote = netns_connections(pid)
         to_service = remote.count(_hex_address(service, 443))
         print(f"{pod['metadata']['name']}: {to_service} connection(s) to {service}:443 (the kubernetes Service)")
-        assert to_service >= 2, f"the watches of both workers go to the kubernetes Service: {remote}"
+        assert to_service >= 2, f"the keeper's two watches go to the kubernetes Service: {remote}"
         assert pod_ip(pod) in apiserver_peers, "the API server sees the pod itself as the client"
         direct = _hex_address(c.address, c.port)
         assert direct not in remote, "no pod dials the API server's own address"
@@ -908,6 +908,149 @@ def test_a_settings_configmap_edited_to_invalid_json_fails_no_create(inst):
 
 
 # ---- helm uninstall ----
+
+# ---- memory: the chart's own limits under many runtimes and large reviews (issue 25, item 1) ----
+
+MEMORY_RUNTIMES = 10_000  # ordinary runtimes, copies of the example torch runtime
+MEMORY_BIG = 500          # runtimes near the size cap (webhook.core.runtimes.MAX_NAMES names)
+MEMORY_REVIEWS = 32       # reviews of REVIEW_BYTES sent at once, shared between the pods
+REVIEW_BYTES = 7 * 1024 * 1024 - 4096  # just under serve's --max-body (7 MiB)
+
+
+def big_runtime(i: int) -> dict:
+    """A runtime just under the size cap: one job whose pod has ~995 volumes and as many mounts (about
+    1,991 names of 60 characters: some 200 KiB of JSON), none at /opt/dispatch."""
+    from webhook.core.runtimes import MAX_NAMES
+
+    n = (MAX_NAMES - 10) // 2
+    volumes = [{"name": f"v{j:05d}-" + "x" * 53, "emptyDir": {}} for j in range(n)]
+    mounts = [{"name": v["name"], "mountPath": f"/data/{v['name']}"} for v in volumes]
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": f"mem-big-{i}"},
+            "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+                {"name": "node", "replicas": 1, "template": {"spec": {"template": {"spec": {
+                    "containers": [{"name": "node", "image": "pytorch", "volumeMounts": mounts}],
+                    "volumes": volumes}}}}}]}}}}
+
+
+RUNTIMES_PATH = "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+
+
+def each_runtime(c: ControlPlane, method: str, items, ok: tuple[int, ...]) -> None:
+    """POST each runtime doc, or DELETE each runtime name, 12 at a time (one connection per thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = threading.local()
+
+    def one(item) -> None:
+        api = getattr(local, "api", None) or Api(c, timeout=120)
+        local.api = api
+        path, body = (RUNTIMES_PATH, item) if method == "POST" else (f"{RUNTIMES_PATH}/{item}", None)
+        status, got = api.request(method, path, body)
+        assert status in ok, (method, path, status, str(got)[:300])
+
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(one, items))
+
+
+def container_memory(inst, pod: str) -> dict[str, float]:
+    """The webhook container's memory cgroup (cgroup v1 on this node): its limit, now, and its peak, in MiB.
+    The pod's emptyDir in memory (the runtime store, /tmp) is charged here too."""
+    pid = container_pid(inst, pod)
+    line = next(l for l in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in l)
+    cgroup = Path("/sys/fs/cgroup/memory") / line.split(":", 2)[2].lstrip("/")
+    read = lambda name: int((cgroup / name).read_text()) / 2**20  # noqa: E731
+    return {"limit": read("memory.limit_in_bytes"), "now": read("memory.usage_in_bytes"),
+            "peak": read("memory.max_usage_in_bytes")}
+
+
+def large_review(i: int) -> bytes:
+    from tests.helpers import review as make_review, trainjob as make_trainjob
+
+    body = make_review(make_trainjob(f"large-{i}", namespace=NS), uid=f"large-{i}")
+    raw = json.dumps(body).encode()
+    body["request"]["object"]["metadata"]["annotations"] = {"pad": "x" * (REVIEW_BYTES - len(raw) - 32)}
+    return json.dumps(body).encode()
+
+
+def post_review(host: str, ca: bytes, body: bytes) -> int:
+    ctx = ssl.create_default_context(cadata=ca.decode())
+    conn = http.client.HTTPSConnection(host, 8443, context=ctx, timeout=60)
+    try:  # connected here: the address is the pod's, the name checked the Service's
+        conn.sock = ctx.wrap_socket(socket.create_connection((host, 8443), timeout=60),
+                                    server_hostname=f"{FULL}.{RNS}.svc")
+        conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_charts_limit(inst):
+    """The chart's pods, with the chart's default limits and workers, under 10,000 runtimes of which 500
+    are near the size cap, then 32 reviews of 7 MiB at once: no container is OOM-killed or restarted,
+    every review is answered (200, or 503 where a worker's room for large bodies is full), and the peak
+    memory of each webhook container is printed against its limit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = inst.cluster
+    pods = inst.wait_settled()
+    names = [p["metadata"]["name"] for p in pods]
+    before = {n: container_memory(inst, n) for n in names}
+    base = yaml.safe_load((EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text())
+    started = time.monotonic()
+    try:
+        ordinary = []
+        for i in range(MEMORY_RUNTIMES - MEMORY_BIG):
+            doc = json.loads(json.dumps(base))
+            doc["metadata"] = {"name": f"mem-rt-{i}"}
+            ordinary.append(doc)
+        each_runtime(c, "POST", ordinary, (201, 409))
+        each_runtime(c, "POST", (big_runtime(i) for i in range(MEMORY_BIG)), (201, 409))
+        created_in = time.monotonic() - started
+
+        def cached(pod: dict) -> float:
+            with urllib.request.urlopen(f"http://{pod_ip(pod)}:8080/metrics", timeout=30) as got:
+                for line in got.read().decode().splitlines():
+                    if line.startswith('dispatch_admission_runtime_cache_size{kind="ClusterTrainingRuntime"}'):
+                        return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        eventually(lambda: all(cached(p) >= MEMORY_RUNTIMES for p in pods),
+                   "every pod's cache holds the runtimes", timeout=300, every=2)
+        ca = secret_files(c)["ca.crt"]
+        hosts = [pod_ip(p) for p in pods]
+        with ThreadPoolExecutor(MEMORY_REVIEWS) as pool:
+            statuses = list(pool.map(lambda i: post_review(hosts[i % len(hosts)], ca, large_review(i)),
+                                     range(MEMORY_REVIEWS)))
+        assert all(s in (200, 503) for s in statuses), statuses
+        assert statuses.count(200) >= len(hosts), statuses  # each pod took at least one whole
+        small = [post_review(h, ca, json.dumps(review_of_runtime("mem-big-0")).encode()) for h in hosts]
+        assert small == [200] * len(hosts), small
+        after = {n: container_memory(inst, n) for n in names}
+        for pod in inst.pods():
+            for status in pod["status"]["containerStatuses"]:
+                assert status["restartCount"] == 0, (pod["metadata"]["name"], status)
+                assert "terminated" not in (status.get("lastState") or {}), (pod["metadata"]["name"], status)
+        figures = {n: {"before MiB": round(before[n]["now"]), "after MiB": round(after[n]["now"]),
+                       "peak MiB": round(after[n]["peak"]), "limit MiB": round(after[n]["limit"])} for n in names}
+        FIGURES["memory: 10,000 runtimes (500 near the cap), 32 reviews of 7 MiB"] = {
+            "runtimes created in s": round(created_in), "answers": {s: statuses.count(s) for s in set(statuses)},
+            **{f"pod {i + 1}": f for i, f in enumerate(figures.values())}}
+        print(f"\nmemory per webhook container: {json.dumps(figures)}; answers {sorted(statuses)}")
+        for n in names:
+            assert after[n]["peak"] < after[n]["limit"], (n, after[n])
+    finally:  # one by one: a delete of the whole collection outlasts the API server's request timeout
+        each_runtime(c, "DELETE", [f"mem-rt-{i}" for i in range(MEMORY_RUNTIMES - MEMORY_BIG)]
+                     + [f"mem-big-{i}" for i in range(MEMORY_BIG)], (200, 202, 404))
+
+
+def review_of_runtime(name: str) -> dict:
+    from tests.helpers import review as make_review, trainjob as make_trainjob
+
+    return make_review(make_trainjob("small", namespace=NS, runtime_name=name))
+
 
 def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainjob(inst):
     c = inst.cluster
