@@ -2,18 +2,31 @@
 #
 #   docker build -t REGISTRY/dispatch-admission:0.1.0 .
 #
+# With its SBOM and its provenance attached (BuildKit's attestations, both stored beside the image):
+#   docker buildx build --sbom=true --provenance=mode=max -t REGISTRY/dispatch-admission:0.1.0 --push .
+#
 # Behind a TLS-intercepting proxy, or with a private package index, pass them as build secrets (both
 # optional; neither reaches the image, nor its history):
 #   docker build --secret id=pipcert,src=/etc/ssl/certs/ca-certificates.crt \
 #                --secret id=pipconf,src=$HOME/.config/pip/pip.conf -t ... .
-# An index without credentials can also be given as --build-arg PIP_INDEX_URL=... (build stage only).
+# An index without credentials can also be given as --build-arg PIP_INDEX_URL=... (build stage only; build
+# arguments are recorded in the provenance, so credentials belong in the pipconf secret).
 #
 # The Python dependencies are requirements/image.lock, pinned with hashes (`make lock` renews it).
-# The base is pinned by digest; refresh it with `docker buildx imagetools inspect python:3.11-slim-bookworm`.
-# Any base with Python 3.11 as `python3` on PATH and its venv module will do (--build-arg PYTHON_BASE=...).
-ARG PYTHON_BASE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
+# Debian 13 (trixie), Python 3.13, in two bases pinned by digest (refresh them with
+# `docker buildx imagetools inspect IMAGE:TAG`):
+# - BUILD_BASE, where the venv is made: Debian's python3 and its venv module (python3-venv is installed
+#   when the base lacks it, as debian:trixie-slim does).
+# - RUNTIME_BASE, the final image's: distroless, Debian's Python and its libraries with no shell, no
+#   coreutils and no package manager. Any such base with Debian 13's interpreter at the same path as the build
+#   base's (PYTHON) will do.
+ARG BUILD_BASE=debian:trixie-slim@sha256:a29215f6a35e51e22adffa17f89e9d2ef06214e64a2bad10d765c46aea49f11f
+ARG RUNTIME_BASE=gcr.io/distroless/python3-debian13@sha256:e866e2f9fbaa19f63e579cf2f61b7f76cd8a74c43a62a0af95d48678d9878436
+# The interpreter both bases share: the venv's `python` links to it.
+ARG PYTHON=/usr/bin/python3.13
 
-FROM ${PYTHON_BASE} AS build
+FROM ${BUILD_BASE} AS build
+ARG PYTHON
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_TRUSTED_HOST
@@ -21,9 +34,15 @@ ARG PIP_TRUSTED_HOST
 ARG PIP_CERT=/run/secrets/pipcert
 ARG PIP_CONFIG_FILE=/run/secrets/pipconf
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
-# A virtual environment is the unit copied to the final stage: the same path whichever base this is
-# (python3 is /usr/local/bin/python3 in the official image, /usr/bin/python3 in Debian's).
-RUN python3 -m venv /opt/venv
+# A virtual environment is the unit copied to the final stage, made by the interpreter the final stage has
+# at the same path (not /usr/bin/python3: a distroless base has only python3.13).
+RUN set -eu; \
+    if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then \
+      apt-get update -qq; \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv; \
+      rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    "$PYTHON" -m venv /opt/venv
 COPY requirements/image.lock /tmp/image.lock
 # Every dependency (and the build backend) from the lock: exact versions, wheels only, hashes checked.
 RUN --mount=type=secret,id=pipcert,required=false \
@@ -43,18 +62,9 @@ RUN set -eu; \
     /opt/venv/bin/pip uninstall -y -q pip setuptools wheel; \
     /opt/venv/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/venv/lib
 
-FROM ${PYTHON_BASE}
+# The final stage runs nothing (the base has no shell to run it with): the venv is copied in, nothing else.
+FROM ${RUNTIME_BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH
-# No installer or package manager stays usable: the base Python's pip, setuptools and wheel, ensurepip
-# and the wheels it would install, and apt's and dpkg's commands and state. dpkg's status database is
-# kept, so that image scanners still see the Debian packages.
-RUN set -eu; \
-    if python3 -m pip --version >/dev/null 2>&1; then python3 -m pip uninstall -y -q pip setuptools wheel; fi; \
-    ensurepip="$(python3 -c 'import ensurepip, os; print(os.path.dirname(ensurepip.__file__))' 2>/dev/null || true)"; \
-    rm -rf ${ensurepip:+"$ensurepip"} /usr/share/python-wheels \
-      /usr/bin/apt /usr/bin/apt-* /usr/lib/apt /etc/apt /var/lib/apt /var/cache/apt \
-      /usr/bin/dpkg /usr/bin/dpkg-* /usr/sbin/dpkg-* /usr/lib/dpkg /usr/libexec/dpkg \
-      /etc/cron.daily/apt-compat /etc/cron.daily/dpkg /usr/share/bug/apt /usr/share/bug/dpkg
 COPY --from=build /opt/venv /opt/venv
 LABEL org.opencontainers.image.title="dispatch-admission" \
       org.opencontainers.image.description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount" \

@@ -73,7 +73,9 @@ e2e: install toolchain
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Re-pins the image's Python dependencies (requirements/image.lock, with hashes) from pyproject.toml and
-# requirements/build.in; the Dockerfile installs exactly these. Needs the package index.
+# requirements/build.in; the Dockerfile installs exactly these. Needs the package index. Resolved with this
+# machine's Python (3.11) for the image's (3.13): the hashes cover every file of each pin, and the e2e build
+# (wheels only, `pip check`) fails if a pin has no wheel for 3.13 or needs another dependency there.
 lock: install
 	$(VENV)/bin/pip install --quiet 'pip-tools>=7.4'
 	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe \

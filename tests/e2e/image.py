@@ -5,15 +5,22 @@ No Docker engine runs here and public base images cannot be pulled, so:
   worker on runc (the node's runc v1.4 from its module), the overlayfs snapshotter and the host network for
   RUN steps; its root, runc state, sockets and cgroups live under a temporary directory or a cgroup name of
   ours, and are removed when it stops.
-- The base is made from Debian's packages: `mmdebstrap --variant=minbase` bookworm with python3 and
-  python3-venv, through this machine's own apt sources and settings. Its root file system is cached under
-  ~/.cache/dispatch-admission/e2e/ by a hash of its recipe, imported as a one-layer OCI image into the local
-  registry and passed to the Dockerfile as PYTHON_BASE, by digest.
+- The two bases are made from Debian 13's packages, through this machine's own apt mirror and settings: the
+  build stage's with `mmdebstrap --variant=minbase` trixie and python3, python3-venv (as debian:trixie-slim
+  with python3-venv installed); the final stage's distroless, with `mmdebstrap --variant=extract` of the
+  interpreter, its standard library and their libraries (no shell, no coreutils, no apt or dpkg: as
+  gcr.io/distroless/python3-debian13). Their root file systems are cached under
+  ~/.cache/dispatch-admission/e2e/ by a hash of their recipes, imported as one-layer OCI images into the
+  local registry and passed to the Dockerfile as BUILD_BASE and RUNTIME_BASE, by digest.
 - pip inside the build reaches the package index through this machine's TLS-intercepting proxy: the host's
   CA bundle is passed as the optional `pipcert` build secret (index settings, if the host has any, as the
   `pipconf` secret), as a user behind such a proxy would.
 
-`build_webhook_image(registry)` builds once per test session and returns `HOST/dispatch-admission@sha256:...`.
+The build asks for BuildKit's provenance attestation (`attest:provenance=mode=max`, as `docker buildx build
+--provenance=mode=max`), so what is pushed is an image index: the linux/amd64 image and its attestation
+manifest. `build_webhook_image(registry)` builds once per test session and returns that index as
+`HOST/dispatch-admission@sha256:...` (containerd pulls it by digest and picks the image); `image_sbom` and
+`python_sbom` give the image's SBOMs (syft, from its Go module; cyclonedx-py, from PyPI).
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -40,16 +49,32 @@ from tests.e2e.registry import Registry
 from tests.process import ROOT, free_port, stop
 
 REPO = "dispatch-admission"
-BASE_REPO = "dispatch-e2e/python-base"
-# The test base: what the official python:3.11-slim-bookworm holds that the webhook needs.
-BASE_SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "netbase")
+BUILD_BASE_REPO = "dispatch-e2e/python-build-base"
+RUNTIME_BASE_REPO = "dispatch-e2e/python-runtime-base"
+# Debian 13: bookworm (12) left regular security support in 2026; trixie's Python is 3.13.
+BASE_SUITE = "trixie"
+PYTHON = "/usr/bin/python3.13"  # Debian's interpreter, at the same path in both bases
+# The build base: what debian:trixie-slim with python3-venv installed holds (minbase: apt, dpkg, a shell).
+BUILD_BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "netbase")
+# The runtime base, distroless-style: the packages' files extracted (`--variant=extract`: no maintainer
+# script runs, so none needs a shell), no Essential set (no shell, coreutils, apt or dpkg), only the
+# interpreter, its standard library and what they depend on.
+RUNTIME_BASE_PACKAGES = ("base-files", "netbase", "ca-certificates", "tzdata", "python3.13-minimal",
+                         "libpython3.13-stdlib")
+# Pulled in only for maintainer scripts that never run here (debconf; awk for base-files'): not installed.
+RUNTIME_BASE_LEFT_OUT = ("debconf", "mawk")
 # As Debian's slim images do: no documentation but the copyright files, no man pages, no translations.
 BASE_DPKG_OPTS = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
                   "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
                   "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias")
 BASE_EPOCH = 1700000000  # SOURCE_DATE_EPOCH for mmdebstrap: a reproducible tarball
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# No command stays in the runtime base but the interpreter: openssl's, ca-certificates' and the like go (their
+# packages stay for their libraries, configuration and data: OpenSSL's cert.pem link, openssl.cnf).
+RUNTIME_BASE_COMMAND_DIRS = ("./usr/bin/", "./usr/sbin/", "./usr/lib/ssl/misc/")
+# Nor does anything of apt's, dpkg's or mmdebstrap's, but dpkg's package records (var/lib/dpkg/status.d/).
+RUNTIME_BASE_DROPPED_DIRS = ("./etc/apt/", "./etc/dpkg/", "./var/cache/apt/", "./var/cache/debconf/",
+                             "./var/lib/apt/", "./var/log/apt/", "./var/lib/dpkg/")
 
 # Figures of this session's builds, for the report: seconds, and sizes in bytes.
 TIMINGS: dict[str, float] = {}
@@ -91,51 +116,177 @@ def host_apt_options() -> list[Path]:
             and re.search(r"^\s*Acquire(::|\s*\{)", p.read_text(errors="replace"), re.M)]
 
 
-def base_recipe() -> dict:
+def suite_sources(dest: Path) -> list[Path]:
+    """The host's sources (host_apt_sources) with its release's suites renamed to BASE_SUITE, written under
+    `dest` (the same mirrors, bookworm-security becoming trixie-security...)."""
+    release = re.search(r"^VERSION_CODENAME=(\S+)$", Path("/etc/os-release").read_text(), re.M)
+    out = []
+    for src in host_apt_sources():
+        text = src.read_text()
+        if release and release.group(1) != BASE_SUITE:
+            text = re.sub(rf"(?<![\w.-]){re.escape(release.group(1))}(?=[\s-])", BASE_SUITE, text)
+        dest.mkdir(parents=True, exist_ok=True)
+        out.append(dest / src.name)
+        out[-1].write_text(text)
+    return out
+
+
+def base_recipe(variant: str, packages: tuple[str, ...]) -> dict:
     version = _run([_mmdebstrap(), "--version"]).stdout.strip()
-    return {
-        "mmdebstrap": version, "suite": BASE_SUITE, "packages": list(BASE_PACKAGES), "variant": "minbase",
+    recipe = {
+        "mmdebstrap": version, "suite": BASE_SUITE, "packages": list(packages), "variant": variant,
         "dpkgopts": list(BASE_DPKG_OPTS), "epoch": BASE_EPOCH,
         "sources": {str(p): p.read_text() for p in host_apt_sources()},
         "aptopts": {str(p): p.read_text() for p in host_apt_options()},
     }
+    if variant == "extract":
+        # finish_runtime_base's rules; "finish" is bumped when its code changes what it writes.
+        recipe.update(left_out=list(RUNTIME_BASE_LEFT_OUT), commands=list(RUNTIME_BASE_COMMAND_DIRS),
+                      dropped=list(RUNTIME_BASE_DROPPED_DIRS), finish=1)
+    return recipe
 
 
-def base_rootfs() -> Path:
-    """bookworm minbase with python3 and python3-venv as a tarball, cached by a hash of its recipe."""
-    recipe = base_recipe()
+def _mmdebstrap_rootfs(name: str, variant: str, packages: tuple[str, ...], hooks: list[str], build) -> Path:
+    """`mmdebstrap --variant=VARIANT` of BASE_SUITE with `packages` as a tarball, cached by a hash of its
+    recipe; `build(out, tar)` turns mmdebstrap's tarball `out/mmdebstrap.tar` into `tar` (or just renames it)."""
+    recipe = base_recipe(variant, packages)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    out = toolchain.cache_root() / f"python-base-{BASE_SUITE}-{key}"
+    out = toolchain.cache_root() / f"{name}-{BASE_SUITE}-{key}"
     tar = out / "rootfs.tar"
     if (out / ".complete").exists():
         return tar
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     started = time.monotonic()
-    cmd = [_mmdebstrap(), "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES)]
+    cmd = [_mmdebstrap(), f"--variant={variant}", "--include=" + ",".join(packages)]
     cmd += [f"--dpkgopt={o}" for o in BASE_DPKG_OPTS]
     cmd += [f"--aptopt={p}" for p in host_apt_options()]
-    cmd += [BASE_SUITE, str(tar)] + [str(p) for p in host_apt_sources()]
+    cmd += [h.format(out=out) for h in hooks]
+    cmd += [BASE_SUITE, str(out / "mmdebstrap.tar")] + [str(p) for p in suite_sources(out / "sources")]
     _run(cmd, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
+    build(out, tar)
     (out / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
     elapsed = time.monotonic() - started
     (out / ".complete").write_text(f"built in {elapsed:.0f}s\n")
-    TIMINGS["base rootfs (mmdebstrap)"] = elapsed
+    TIMINGS[f"{name} rootfs (mmdebstrap)"] = elapsed
     return tar
 
 
-_BASES: dict[str, str] = {}
+def build_base_rootfs() -> Path:
+    """trixie minbase with python3 and python3-venv (a shell, apt and dpkg too): the build stage's base."""
+    return _mmdebstrap_rootfs("python-build-base", "minbase", BUILD_BASE_PACKAGES, [],
+                              lambda out, tar: (out / "mmdebstrap.tar").rename(tar))
 
 
-def push_base(registry: Registry) -> str:
-    """The Debian base as a one-layer OCI image (platform linux/amd64, PATH set) in `registry`, by digest."""
-    if registry.host not in _BASES:
-        rootfs = base_rootfs()
-        started = time.monotonic()
-        _BASES[registry.host] = registry.push_layers(BASE_REPO, [rootfs], env=BASE_ENV, cmd=["python3"],
-                                                     tag=f"{BASE_SUITE}-python3")
-        TIMINGS["base import (crane append + mutate)"] = time.monotonic() - started
-    return _BASES[registry.host]
+def runtime_base_rootfs() -> Path:
+    """The distroless runtime base: RUNTIME_BASE_PACKAGES and their dependencies extracted, finished by
+    finish_runtime_base from the .debs mmdebstrap downloaded (copied out by its extract hook)."""
+    hooks = ["--extract-hook=mkdir -p {out}/debs && cp \"$1\"/var/cache/apt/archives/*.deb {out}/debs/"]
+
+    def build(out: Path, tar: Path) -> None:
+        finish_runtime_base(out / "mmdebstrap.tar", sorted((out / "debs").glob("*.deb")), tar)
+        (out / "mmdebstrap.tar").unlink()
+        shutil.rmtree(out / "debs")
+
+    return _mmdebstrap_rootfs("python-runtime-base", "extract", RUNTIME_BASE_PACKAGES, hooks, build)
+
+
+def _deb_fields(deb: Path) -> str:
+    return _run(["dpkg-deb", "--field", str(deb)]).stdout.strip()
+
+
+def _deb_members(deb: Path) -> list[str]:
+    """The paths of a .deb's data, as mmdebstrap's tarball names them ("./usr/bin/...")."""
+    listing = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(listing)) as data:
+        return [m.name if m.name.startswith("./") else "./" + m.name for m in data.getmembers()]
+
+
+def _deb_md5sums(deb: Path) -> str:
+    got = subprocess.run(["dpkg-deb", "--info", str(deb), "md5sums"], capture_output=True, text=True)
+    return got.stdout if got.returncode == 0 else ""
+
+
+def finish_runtime_base(extracted: Path, debs: list[Path], out: Path) -> None:
+    """mmdebstrap's extracted tarball rewritten into `out`, member order and metadata kept: without the
+    packages left out, the commands and apt's and dpkg's files; with what the maintainer scripts would have
+    made and a distroless image has: dpkg's record of each package (var/lib/dpkg/status.d/NAME and
+    NAME.md5sums, the layout distroless uses and scanners read), the CA bundle (update-ca-certificates' job),
+    /etc/passwd and /etc/group with the non-root user 65532 and its home."""
+    packages = {}
+    for deb in debs:
+        fields = _deb_fields(deb)
+        name = re.search(r"^Package: (\S+)$", fields, re.M).group(1)
+        packages[name] = (fields, _deb_members(deb), _deb_md5sums(deb))
+    kept_members = {m for name, (_f, members, _m) in packages.items() if name not in RUNTIME_BASE_LEFT_OUT
+                    for m in members}
+    gone = {m for name in RUNTIME_BASE_LEFT_OUT if name in packages for m in packages[name][1]} - kept_members
+
+    def dropped(member: tarfile.TarInfo) -> bool:
+        name = member.name if not member.isdir() else member.name.rstrip("/") + "/"
+        if member.name in gone or name in gone:
+            return True
+        if any(name.startswith(d) for d in RUNTIME_BASE_DROPPED_DIRS):
+            return True
+        return (not member.isdir() and any(name.startswith(d) for d in RUNTIME_BASE_COMMAND_DIRS)
+                and name != f".{PYTHON}")
+
+    def added(path: str, data: bytes, mode: int = 0o644, uid: int = 0) -> tuple[tarfile.TarInfo, bytes]:
+        info = tarfile.TarInfo(path)
+        info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, BASE_EPOCH, uid, uid
+        return info, data
+
+    def directory(path: str, mode: int = 0o755, uid: int = 0) -> tuple[tarfile.TarInfo, None]:
+        info = tarfile.TarInfo(path)
+        info.type, info.mode, info.mtime, info.uid, info.gid = tarfile.DIRTYPE, mode, BASE_EPOCH, uid, uid
+        return info, None
+
+    with tarfile.open(extracted) as src:
+        members = [m for m in src.getmembers() if not dropped(m)]
+        names = {m.name for m in members}
+        certs = sorted(m.name for m in members if m.name.startswith("./usr/share/ca-certificates/mozilla/")
+                       and m.name.endswith(".crt"))
+        bundle = b"".join(src.extractfile(c).read().rstrip(b"\n") + b"\n" for c in certs)
+        extra = [directory("./var/lib/dpkg/"), directory("./var/lib/dpkg/status.d/")]
+        for name in sorted(packages):
+            if name in RUNTIME_BASE_LEFT_OUT:
+                continue
+            fields, _members, md5sums = packages[name]
+            extra.append(added(f"./var/lib/dpkg/status.d/{name}", (fields + "\n").encode()))
+            sums = "".join(line + "\n" for line in md5sums.splitlines()
+                           if f"./{line.split(maxsplit=1)[-1]}" in names)
+            if sums:
+                extra.append(added(f"./var/lib/dpkg/status.d/{name}.md5sums", sums.encode()))
+        extra.append(added("./etc/ssl/certs/ca-certificates.crt", bundle))
+        extra.append(added("./etc/passwd", b"root:x:0:0:root:/root:/sbin/nologin\n"
+                           b"nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n"
+                           b"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"))
+        extra.append(added("./etc/group", b"root:x:0:\nnogroup:x:65534:\nnonroot:x:65532:\n"))
+        extra.append(directory("./home/nonroot/", 0o700, 65532))
+        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dst:
+            for member in members:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            for info, data in extra:
+                if info.name in names or info.name.rstrip("/") in names:
+                    raise RuntimeError(f"{info.name} is already in the extracted packages")
+                dst.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+_BASES: dict[tuple[str, str], str] = {}
+
+
+def push_bases(registry: Registry) -> tuple[str, str]:
+    """The build base and the distroless runtime base as one-layer OCI images (platform linux/amd64, PATH
+    set) in `registry`: their digest references."""
+    for repo, rootfs, cmd in ((BUILD_BASE_REPO, build_base_rootfs, ["python3"]),
+                              (RUNTIME_BASE_REPO, runtime_base_rootfs, [PYTHON])):
+        if (registry.host, repo) not in _BASES:
+            tar = rootfs()
+            started = time.monotonic()
+            _BASES[registry.host, repo] = registry.push_layers(repo, [tar], env=BASE_ENV, cmd=cmd,
+                                                               tag=f"{BASE_SUITE}-python3")
+            TIMINGS[f"{repo} import (crane append + mutate)"] = time.monotonic() - started
+    return _BASES[registry.host, BUILD_BASE_REPO], _BASES[registry.host, RUNTIME_BASE_REPO]
 
 
 # ---- BuildKit ----
@@ -177,18 +328,21 @@ class BuildKit:
 
     def build(self, context: Path, out: Path, build_args: dict[str, str], secrets: dict[str, Path],
               no_cache: bool = False, rewrite_timestamp: bool = True) -> dict:
-        """Build `context`'s Dockerfile with the built-in dockerfile.v0 frontend into the OCI layout
-        directory `out`; returns buildctl's metadata (containerimage.digest among it)."""
+        """Build `context`'s Dockerfile with the built-in dockerfile.v0 frontend, with its provenance
+        attestation (mode=max), into the OCI layout directory `out`; returns buildctl's metadata
+        (containerimage.digest among it)."""
         meta = out.parent / f"{out.name}.metadata.json"
         args = ["build", "--frontend", "dockerfile.v0", "--local", f"context={context}",
-                "--local", f"dockerfile={context}", "--progress", "plain", "--metadata-file", str(meta)]
+                "--local", f"dockerfile={context}", "--progress", "plain", "--metadata-file", str(meta),
+                "--opt", "filename=Dockerfile", "--opt", "attest:provenance=mode=max"]
         for key, value in build_args.items():
             args += ["--opt", f"build-arg:{key}={value}"]
         for sid, src in secrets.items():
             args += ["--secret", f"id={sid},src={src}"]
         if no_cache:
             args += ["--no-cache"]
-        output = f"type=oci,tar=false,dest={out}"
+        # The name is the attestation's subject (as `-t` would give it); the layout is pushed under any name.
+        output = f"type=oci,tar=false,dest={out},name=docker.io/library/{REPO}:e2e"
         if rewrite_timestamp:
             output += ",rewrite-timestamp=true"
         args += ["--output", output]
@@ -298,9 +452,9 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
                  secrets: dict[str, Path] | None = None) -> Path:
     """The Dockerfile of `context` built on the Debian base (pushed to `registry`) into the OCI layout `out`,
     by a buildkitd of its own unless `kit` is given; `secrets` default to the host's (proxy_secrets)."""
-    base = push_base(registry)
+    build_base, runtime_base = push_bases(registry)
     out.parent.mkdir(parents=True, exist_ok=True)
-    build_args = {"PYTHON_BASE": base, "SOURCE_DATE_EPOCH": str(context.epoch)}
+    build_args = {"BUILD_BASE": build_base, "RUNTIME_BASE": runtime_base, "SOURCE_DATE_EPOCH": str(context.epoch)}
     with contextlib.ExitStack() as stack:
         if kit is None:
             started = time.monotonic()
@@ -315,8 +469,30 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
 
 
 def layout_digest(layout: Path) -> str:
-    """The manifest digest of the one image in an OCI layout directory."""
+    """The digest of what an OCI layout directory holds (BuildKit's: the index of the image and its
+    attestations)."""
     return json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+
+
+def layout_blob(layout: Path, digest: str) -> dict:
+    return json.loads((layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_text())
+
+
+def image_descriptor(index: dict) -> dict:
+    """The linux/amd64 image's descriptor in an image index (beside BuildKit's attestation manifest)."""
+    images = [m for m in index["manifests"] if m.get("platform", {}).get("os") == "linux"
+              and m["platform"].get("architecture") == "amd64"]
+    assert len(images) == 1, index
+    return images[0]
+
+
+def attestation_descriptor(index: dict, image_digest: str) -> dict:
+    """BuildKit's attestation manifest for `image_digest` in an image index."""
+    found = [m for m in index["manifests"]
+             if m.get("annotations", {}).get("vnd.docker.reference.type") == "attestation-manifest"
+             and m["annotations"].get("vnd.docker.reference.digest") == image_digest]
+    assert len(found) == 1, index
+    return found[0]
 
 
 @dataclass
@@ -348,15 +524,32 @@ def build_webhook_image(registry: Registry) -> str:
     return session.pushed[registry.host]
 
 
+def python_version() -> str:
+    """The image's Python, "3.13", from the interpreter's path."""
+    return re.fullmatch(r".*/python(\d+\.\d+)", PYTHON).group(1)
+
+
+def _pip_for_image(args: list[str]) -> list[str]:
+    """`pip ARGS` of this machine's pip (Python 3.11) choosing the wheels the image's pip would: its Python,
+    glibc 2.41 (trixie's) on x86_64 (pip does not widen a --platform to the older manylinux tags itself)."""
+    abi = "cp" + python_version().replace(".", "")
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(41, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return [sys.executable, "-m", "pip", *args, "--only-binary=:all:", "--python-version", python_version(),
+            "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none",
+            *(arg for p in platforms for arg in ("--platform", p))]
+
+
 def lock_wheels() -> Path:
-    """Every wheel requirements/image.lock pins, for this machine's Python (3.11, glibc, x86_64, as the
-    base's), downloaded with hashes checked; cached by the lock's hash."""
+    """Every wheel requirements/image.lock pins, for the image's Python (3.13, glibc, x86_64), downloaded
+    with hashes checked; cached by the lock's hash."""
     lock = ROOT / "requirements" / "image.lock"
-    out = toolchain.cache_root() / f"wheels-{hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}"
+    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode()).hexdigest()[:12]
+    out = toolchain.cache_root() / f"wheels-{key}"
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
-        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-              "--only-binary=:all:", "-r", str(lock), "-d", str(out)])
+        _run(_pip_for_image(["download", "--quiet", "--no-deps", "--require-hashes", "-r", str(lock),
+                             "-d", str(out)]))
         (out / ".complete").write_text("")
     return out
 
@@ -395,6 +588,48 @@ def rebuild_from_scratch(registry: Registry) -> Path:
             conf.write_text(f"[global]\nno-index = true\nfind-links = {url}\n")
             build_layout(registry, session.context, out, no_cache=True, secrets={"pipconf": conf})
     return out
+
+
+# ---- the image's SBOMs ----
+
+CYCLONEDX_BOM = "7.5.0"  # cyclonedx-bom from PyPI: the `cyclonedx-py` command
+
+
+def cyclonedx_bom_dir() -> Path:
+    """cyclonedx-bom and its dependencies, as wheels for the image's Python, installed into a directory of
+    their own (cached): put on sys.path of the image's interpreter, never into the image's venv."""
+    out = toolchain.cache_root() / f"cyclonedx-bom-{CYCLONEDX_BOM}-py{python_version()}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        _run(_pip_for_image(["install", "--quiet", "--no-compile", "--target", str(out / "lib"),
+                             f"cyclonedx-bom=={CYCLONEDX_BOM}"]))
+        (out / ".complete").write_text("")
+    return out / "lib"
+
+
+def python_sbom(rootfs: Path, config: dict) -> dict:
+    """The CycloneDX SBOM of the image's Python layer: `cyclonedx-py environment /opt/venv/bin/python` run in
+    the image (its interpreter, isolated from the venv, with cyclonedx-bom bind-mounted; the venv's
+    interpreter is asked for its sys.path), pyproject.toml as the main component."""
+    code = ("import runpy, sys; sys.path.insert(0, '/sbom/lib'); sys.argv = ['cyclonedx-py', 'environment', "
+            "'--output-reproducible', '--pyproject', '/sbom/pyproject.toml', '/opt/venv/bin/python']; "
+            "runpy.run_module('cyclonedx_py', run_name='__main__', alter_sys=True)")
+    got = run_in_image(rootfs, config, [PYTHON, "-I", "-c", code], timeout=300,
+                       mounts={"/sbom/lib": cyclonedx_bom_dir(), "/sbom/pyproject.toml": ROOT / "pyproject.toml"})
+    if got.returncode != 0:
+        raise RuntimeError(f"cyclonedx-py failed ({got.returncode}):\n{got.stderr[-4000:]}")
+    return json.loads(got.stdout)
+
+
+def image_sbom(registry: Registry, ref: str) -> dict:
+    """The CycloneDX SBOM of the whole image (Debian's packages from dpkg's records, the venv's
+    distributions...): `syft scan registry:REF` (syft from its Go module) on the pushed image."""
+    started = time.monotonic()
+    env = {**os.environ, "SYFT_REGISTRY_INSECURE_USE_HTTP": "true", "SYFT_CHECK_FOR_APP_UPDATE": "false"}
+    got = _run([str(toolchain.syft_bin() / "syft"), "scan", f"registry:{ref}", "--platform", "linux/amd64",
+                "--output", "cyclonedx-json", "--quiet"], timeout=900, env=env)
+    TIMINGS["image SBOM (syft)"] = time.monotonic() - started
+    return json.loads(got.stdout)
 
 
 # ---- looking into a built image ----

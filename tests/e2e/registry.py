@@ -182,6 +182,16 @@ class Registry:
         return json.loads(self._crane("config", ref))
 
     def manifest(self, ref: str) -> dict:
+        """The manifest `ref` names: an image's, or an image index (a multi-platform image, or BuildKit's
+        image with its attestations)."""
         import json
 
         return json.loads(self._crane("manifest", ref))
+
+    def blob(self, ref: str, digest: str) -> bytes:
+        """A blob of `ref`'s repository by digest."""
+        got = subprocess.run([self.crane, "blob", f"{ref.split('@')[0]}@{digest}", "--insecure"],
+                             capture_output=True, timeout=300)
+        if got.returncode != 0:
+            raise RuntimeError(f"crane blob {digest} failed ({got.returncode}):\n{got.stderr.decode()[-3000:]}")
+        return got.stdout

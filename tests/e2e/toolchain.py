@@ -26,6 +26,7 @@ HELM = "v3.22.0"
 TRAINER = os.environ.get("DISPATCH_E2E_TRAINER", "v2.3.0")
 JOBSET = "v0.12.0"
 BUILDKIT = "v0.34.2"
+SYFT = "v1.57.1"
 KUEUE = "v0.19.2"
 
 
@@ -211,6 +212,16 @@ def buildkit_bin() -> Path:
     return _build(f"buildkit-{BUILDKIT}", gomod, pkgs, ldflags=ldflags)
 
 
+def syft_bin() -> Path:
+    """syft from github.com/anchore/syft (CGO off, its release's build tags): the image's SBOM (issue 25)."""
+    pkg = "github.com/anchore/syft/cmd/syft"
+    gomod = (f"module dispatch-admission/e2e-syft\n\ngo 1.26\n\nrequire github.com/anchore/syft {SYFT}\n\n"
+             f"tool {pkg}\n")
+    ldflags = f"-s -w -X main.version={SYFT}"
+    return _build(f"syft-{SYFT}", gomod, [pkg], ldflags=ldflags,
+                  tags="containers_image_openpgp exclude_graphdriver_btrfs")
+
+
 # ---- the node (issue 11): container runtime, CNI, registry tooling, JobSet's controller ----
 
 CONTAINERD = "v2.4.2"
@@ -364,11 +375,11 @@ def kubernetes_bins() -> dict[str, Path]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
-                      "kyverno", "kueue"]
+                      "kyverno", "kueue", "syft"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
-                "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin}
+                "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin, "syft": syft_bin}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()
