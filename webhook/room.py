@@ -5,7 +5,8 @@ Only bodies over `small` (the size answered on the loop, 64 KiB) are counted, fr
 are answered or their connection is gone; the smaller ones the API server usually sends are never
 refused (gunicorn's worker_connections bounds them). A large body that would go past `cap` first makes
 held bodies give way that are still being read and slower than `min_rate` since their head (a client
-holding the room with a declared length it does not send); if it still does not fit, it is refused (503)."""
+holding the room with a declared length it does not send): each is answered 503 and the rest of its body
+dropped. If the new one still does not fit, it is refused (503) the same way."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ class Room:
 
     def admit(self, length: int, now: float, reading: Callable[[], Iterable[tuple[Held, object]]]) -> bool:
         """Room for a body of `length`? `reading()`: (request, its connection) for the requests whose bodies
-        are being read, called only when the body does not fit; the slow ones are closed (their
-        connection's close(abort=True)) to make room."""
+        are being read, called only when the body does not fit; the slow ones give way (their connection's
+        give_way(why): answered 503, the rest of the body dropped) to make room."""
         if length <= self.small or not self.used or self.used + length <= self.cap:
             return True
         slow = sorted(((req.received / max(now - req.since, 1e-6), req, conn) for req, conn in reading()
@@ -40,7 +41,8 @@ class Room:
         for rate, _, conn in slow:
             if rate >= self.min_rate or self.used + length <= self.cap:
                 break
-            conn.close(abort=True)  # its requests are released as the connection goes
+            conn.give_way(f"its body came at under {self.min_rate:.0f} bytes/s while this worker's room for request"
+                          f" bodies ({self.cap} bytes) was needed: try again")
         return not self.used or self.used + length <= self.cap
 
     def hold(self, req: Held) -> None:

@@ -108,9 +108,8 @@ class Worker(base.Worker):
 
     def load_wsgi(self):
         super().load_wsgi()
-        self.metrics_wsgi = None
-        if self.options.metrics_address and hasattr(self.app, "metrics_app"):
-            self.metrics_wsgi = self.app.metrics_app()
+        ops = self.options.metrics_address and hasattr(self.app, "metrics_app")
+        self.metrics_wsgi = self.app.metrics_app() if ops else None
 
     def run(self):
         self.threads = AppThreads(self.cfg.threads, self.loop, self.log)
@@ -247,8 +246,7 @@ class Site:
 
     def __init__(self, worker: Worker, app: WSGIApp, tls: Callable | None, host: str, port: int, bodies: bool = True):
         self.worker, self.app, self.tls, self.loop, self.cfg, self.options = worker, app, tls, worker.loop, worker.cfg, worker.options
-        self.bodies = bodies  # the metrics listener takes none
-        self.keepalive = float(self.cfg.keepalive)
+        self.bodies, self.keepalive = bodies, float(self.cfg.keepalive)  # bodies: the metrics listener takes none
         self.base_environ = {
             "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),
             "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr, "wsgi.multithread": True,
@@ -275,8 +273,8 @@ class Request:
         self.length, self.keep_alive, self.over_limit, self.busy = length, keep_alive, over_limit, busy
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
-        self.held = self.received = 0  # held: its length, counted in the worker's room until answered
-        self.since = since  # when its head was read
+        # held: its length, counted in the worker's room until answered; since: when its head was read
+        self.held, self.received, self.since = 0, 0, since
 
 
 class Connection(asyncio.Protocol):
@@ -292,18 +290,14 @@ class Connection(asyncio.Protocol):
         self.handshake: asyncio.Task | None = None  # the TLS handshake under way
         self.parser = httptools.HttpRequestParser(self)
         self.environ: dict = {}
-        self.state = HANDSHAKE
-        self.deadline = self.write_deadline = 0.0
-        self.since = 0.0         # when the state began (idle: for eviction; busy: for the stuck check)
-        self.served = 0          # answers written on this connection
-        self.url: bytearray | None = None  # the head being read: its target, its fields, bytes fed
-        self.fields: list[tuple[bytes, bytes]] = []
-        self.head_fed = 0
+        self.state, self.deadline, self.write_deadline = HANDSHAKE, 0.0, 0.0
+        self.since, self.served = 0.0, 0  # when the state began (idle: eviction; busy: stuck check); answers written
+        self.url, self.fields, self.head_fed = None, [], 0  # the head being read: its target, fields, bytes fed
         self.request: Request | None = None    # the request whose body is being read
         self.answering: Request | None = None  # the request with the app
         self.ready: deque[Request] = deque()   # requests ready for the app, in order
-        self.last = False        # nothing more is read (Connection: close, an upgrade, a refusal)
-        self.refusal: bytes | None = None  # sent, then closed on, once the answers before it are out
+        # last: nothing more is read (Connection: close, an upgrade, a refusal); refusal: sent, then closed on
+        self.last, self.refusal = False, None
 
     def connection_made(self, transport):
         """Called with the TLS transport once the handshake is done (or the plain one at once)."""
@@ -322,9 +316,8 @@ class Connection(asyncio.Protocol):
         if self.last or self.state == CLOSED:
             return
         try:
-            view = memoryview(data)
             for at in range(0, len(data), SLICE):
-                self._feed(view[at:at + SLICE])
+                self._feed(memoryview(data)[at:at + SLICE])
                 if self.last:
                     break
         except httptools.HttpParserUpgrade:
@@ -517,6 +510,13 @@ class Connection(asyncio.Protocol):
     def _send(self, data: bytes):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+
+    def give_way(self, why: str):
+        """webhook.room needs the room: the request being read is answered 503, the rest of its body dropped."""
+        req, req.busy, req.over_limit, req.body = self.request, why, True, []
+        self.site.worker.room.release(req)
+        self.ready.append(req)
+        self._flow()
 
     def _refuse(self, code: int, message: str):
         """Answer a request the worker refuses itself, after the answers before it, then close."""
