@@ -117,7 +117,7 @@ def _proc_mib(path: str, field: str) -> float:
 
 
 def worker_rss_mib(pid: int) -> list[float]:
-    """Resident memory of each gunicorn worker (the children of the serve process)."""
+    """Resident memory of each child of the serve process: the runtime keeper (forked first), then the workers."""
     return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
@@ -254,6 +254,32 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
     return at_once, settled, rss, pod, count
 
 
+def section_ready(cluster, tmp: Path, custom, runtime_counts: list[int], existing: int) -> tuple[list[str], int]:
+    """Section 3: from `serve` to ready, and the memory of the pod's processes, by runtimes in the API server."""
+    out = ["", "## 3. From `serve` to ready, by runtimes in the API server", "",
+           f"(at once: started right after the runtimes were created; settled: {SETTLE:.0f} s later)", "",
+           "| runtimes | ready after s, at once | ready after s, settled | resident memory per process MiB "
+           "(keeper, workers) | pod (serve, keeper and workers, PSS) MiB | runtime cache per pod MiB |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    pod_base = None
+    for count in runtime_counts:
+        at_once, settled, rss, pod, existing = time_to_ready(cluster, tmp, count, custom, existing)
+        pod_base = pod if pod_base is None else pod_base  # the first count's pod: the baseline
+        out.append(f"| {count:,} | {at_once:.1f} | {settled:.1f} | {', '.join(f'{r:.0f}' for r in rss)} | "
+                   f"{pod:.0f} | {pod - pod_base:.0f} |")
+    return out, existing
+
+
+def run_ready_only(runtime_counts: list[int]) -> list[str]:
+    """Section 3 alone, on a cluster of its own (no Trainer controller, no TrainJobs)."""
+    out = [f"# dispatch-admission from serve to ready, {date.today()}, {platform.machine()}, "
+           f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}"]
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cluster-")))
+        cluster = start_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds())
+        return out + section_ready(cluster, tmp, api(cluster, 32), runtime_counts, existing=0)[0]
+
+
 def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "") -> list[str]:
     """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4)."""
     out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
@@ -322,17 +348,8 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
                 + ", ".join(f"{mutate_ratio[level] / floor_ratios['go-patch', level]:.2f}× at {level}"
                             for level in levels if ("go-patch", level) in floor_ratios) + " (target ≤ 1.10×)."]
 
-        out += ["", "## 3. From `serve` to ready, by runtimes in the API server", "",
-                f"(at once: started right after the runtimes were created; settled: {SETTLE:.0f} s later)", "",
-                "| runtimes | ready after s, at once | ready after s, settled | resident memory per worker MiB | "
-                "pod (serve and workers, PSS) MiB | runtime cache per pod MiB |",
-                "|---:|---:|---:|---:|---:|---:|"]
-        existing, pod_base = 1, None  # Trainer's torch-distributed
-        for count in runtime_counts:
-            at_once, settled, rss, pod, existing = time_to_ready(cluster, tmp, count, custom, existing)
-            pod_base = pod if pod_base is None else pod_base  # the first count's pod: the baseline
-            out.append(f"| {count:,} | {at_once:.1f} | {settled:.1f} | {', '.join(f'{r:.0f}' for r in rss)} | "
-                       f"{pod:.0f} | {pod - pod_base:.0f} |")
+        lines, existing = section_ready(cluster, tmp, custom, runtime_counts, existing=1)  # Trainer's runtime
+        out += lines
         if kyverno == "also":
             import kyverno_bench
 
@@ -349,10 +366,14 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="n=100, runtimes 1 and 1,000")
     p.add_argument("--kyverno", action="store_true", help="then section 4: against Kyverno's policies (bench/kyverno)")
     p.add_argument("--kyverno-only", action="store_true", help="section 4 alone")
+    p.add_argument("--ready-only", action="store_true", help="section 3 alone (serve to ready, memory)")
     args = p.parse_args()
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
     kyverno = "only" if args.kyverno_only else "also" if args.kyverno else ""
-    for line in run(n, [int(x) for x in args.levels.split(",")], [int(x) for x in counts.split(",")], kyverno):
+    runtime_counts = [int(x) for x in counts.split(",")]
+    lines = run_ready_only(runtime_counts) if args.ready_only else run(
+        n, [int(x) for x in args.levels.split(",")], runtime_counts, kyverno)
+    for line in lines:
         print(line, flush=True)
     return 0
 
