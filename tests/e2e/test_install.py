@@ -1070,6 +1070,9 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
             for status in pod["status"]["containerStatuses"]:
                 assert status["restartCount"] == 0, (pod["metadata"]["name"], status)
                 assert "terminated" not in (status.get("lastState") or {}), (pod["metadata"]["name"], status)
+        for n, cgroup in peaks.cgroups.items():  # a worker killed is replaced by the master: no restart shows it
+            oom = dict(line.split() for line in (cgroup / "memory.oom_control").read_text().splitlines())
+            assert oom["oom_kill"] == "0", (n, "a process of the container was OOM-killed", peaks.peaks[n])
         figures = {n: {"idle working set MiB": round(idle[n]["working set"]), "idle rss MiB": round(idle[n]["rss"]),
                        "peak working set MiB": round(peaks.peaks[n]["working set"]),
                        "peak rss MiB": round(peaks.peaks[n]["rss"]), "limit MiB": round(peaks.limits[n])} for n in names}
