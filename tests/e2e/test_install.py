@@ -1076,10 +1076,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
         figures = {n: {"idle working set MiB": round(idle[n]["working set"]), "idle rss MiB": round(idle[n]["rss"]),
                        "peak working set MiB": round(peaks.peaks[n]["working set"]),
                        "peak rss MiB": round(peaks.peaks[n]["rss"]), "limit MiB": round(peaks.limits[n])} for n in names}
-        FIGURES["memory: 10,000 runtimes (500 near the cap), 32 reviews of 7 MiB"] = {
-            "runtimes created in s": round(created_in), "answers": {s: statuses.count(s) for s in set(statuses)},
-            **{f"pod {i + 1}": f for i, f in enumerate(figures.values())}}
-        print(f"\nmemory per webhook container: {json.dumps(figures)}; answers {sorted(statuses)}")
+        print(f"\nmemory per webhook container: {json.dumps(figures)}; answers {sorted(statuses)}; runtimes created in"
+              f" {created_in:.0f}s")  # not in FIGURES: that is the rollout phases' table
         for n in names:
             assert peaks.peaks[n]["working set"] < peaks.limits[n], (n, figures[n])
     finally:  # one by one: a delete of the whole collection outlasts the API server's request timeout
