@@ -9,9 +9,10 @@ PROMETHEUS_MULTIPROC_DIR, a fresh directory when unset): a scrape answered by an
 
 Three families describe state every worker holds (the serving certificate it loaded, the runtimes of
 the pod's cache judged with the settings it holds, whether its latest settings could be used) and are
-reported at scrape time by the worker that answers, rather than through the multiprocess files: a scrape shows one value per certificate and
-per runtime, a deleted runtime's series goes away with it (multiprocess files cannot remove a series),
-and the gunicorn master, which never serves, contributes nothing stale.
+reported at scrape time by the worker that answers, rather than through the multiprocess files: a
+scrape shows one value per certificate and per runtime, a deleted runtime's series goes away with it
+(multiprocess files cannot remove a series), and the gunicorn master, which never serves, contributes
+nothing stale.
 
 The names are a contract (alerts and the dashboard query them):
 

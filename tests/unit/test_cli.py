@@ -125,3 +125,11 @@ def test_serve_sizes_and_counts_must_be_above_zero(flag):
         got = subprocess.run([sys.executable, "-m", "webhook", "serve", flag, value], capture_output=True, text=True,
                              timeout=60)
         assert got.returncode == 2 and f"argument {flag}" in got.stderr and "is not above 0" in got.stderr, got.stderr
+
+
+def test_metrics_auth_needs_the_metrics_port():
+    """--metrics-auth guards the --metrics-bind port; without one it would guard nothing: refused before
+    anything starts, naming both flags."""
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--dev", "--metrics-auth"], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 1 and "--metrics-auth" in got.stderr and "needs --metrics-bind" in got.stderr, got.stderr

@@ -133,7 +133,6 @@ class Runtime:
                    frozenset(k for k, v in policy.items() if v is not None),
                    () if names > MAX_NAMES else tuple(jobs), names if names > MAX_NAMES else 0)
 
-
     def to_bytes(self) -> bytes:
         """The runtime as stored in the shared cache (webhook.store): its resourceVersion, a NUL, then its
         fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
