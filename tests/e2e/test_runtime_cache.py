@@ -68,17 +68,16 @@ def test_one_list_and_one_watch_per_kind_whatever_the_workers(env, tmp_path):
 def test_a_keeper_that_dies_is_replaced_and_the_workers_answer_meanwhile(env, tmp_path):
     with serve(env, tmp_path / "kill", workers=2) as (url, ca, log, proc):
         hook = Webhook(url, ca, log, proc)
+        size = hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
         first = keepers(log)[0]
         os.kill(first, signal.SIGKILL)
         assert mutate(hook, "torch-distributed")["allowed"], "the store outlives its writer"
         second = eventually(lambda: keepers(log)[1:], "the master starts another keeper")[0]
         assert second != first and proc.poll() is None
+        # Created after the first keeper died: only the second one's list or watch can bring it to the store
+        # (the dead keeper's gauge left with it, so the size is the new keeper's own count).
         add_runtime(env, "cache-after-restart")
-        eventually(lambda: hook.metric(REQUESTS, verb="watch", kind="ClusterTrainingRuntime") >= 1
-                   and mutate(hook, "cache-after-restart")["allowed"]
-                   and hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime") > 0,
-                   "the new keeper lists and watches again")
-        gets = hook.metric(REQUESTS, verb="get")
-        eventually(lambda: all(mutate(hook, "cache-after-restart")["allowed"] for _ in range(6))
-                   and hook.metric(REQUESTS, verb="get") == gets, "answered from the store, no live read")
+        eventually(lambda: hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
+                   == size + 1, "the new keeper lists and watches again")
+        assert mutate(hook, "cache-after-restart")["allowed"]
     assert not os.path.exists(f"/proc/{second}"), "the keeper stops with serve"
