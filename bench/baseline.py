@@ -3,14 +3,18 @@ other work, served by gunicorn with exactly the webhook's worker, settings and T
 (webhook.server.gunicorn_application). The webhook answers its review paths before Flask's request
 machinery, so the baseline does not go through Flask either: the ratio is the cost of the review itself
 (rules, metrics, the log line) over the same serving path. Our figures are read as ratios against it,
-measured in the same run, because absolute numbers on a shared 2-core machine drift.
+measured in the same run, because absolute numbers on a shared 2-core machine drift. With `--patch FILE`
+it answers every review with that JSONPatch, as bench/nullwebhook does: bench/cluster.py's Python floor for
+a webhook that adds the entry.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import base64
 from pathlib import Path
+
+import orjson  # as the webhook reads and writes JSON: the floor is not slower than it needs to be
 
 from webhook import certs
 from webhook.server import gunicorn_application
@@ -18,12 +22,14 @@ from webhook.server import gunicorn_application
 JSON = [("Content-Type", "application/json")]
 
 
-def create_app():
+def create_app(patch: bytes | None = None):
+    extra = {"patchType": "JSONPatch", "patch": base64.b64encode(patch).decode()} if patch is not None else {}
+
     def app(environ, start_response):
         if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] in ("/mutate", "/validate"):
-            review = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
-            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                               "response": {"uid": review["request"]["uid"], "allowed": True}}).encode()
+            review = orjson.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+            body = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                 "response": {"uid": review["request"]["uid"], "allowed": True, **extra}})
         elif environ["PATH_INFO"] in ("/healthz", "/readyz"):
             body = b"{}"
         else:
@@ -40,10 +46,12 @@ def main() -> None:
     p.add_argument("--bind", required=True)
     p.add_argument("--cert-dir", required=True)
     p.add_argument("--workers", type=int, default=None, help="default: gunicorn's configuration (GUNICORN_CMD_ARGS), else 2")
+    p.add_argument("--patch", help="a JSONPatch file to answer every review with (none: no patch)")
     args = p.parse_args()
+    patch = Path(args.patch).read_bytes() if args.patch else None
     certfile, keyfile = str(Path(args.cert_dir) / "tls.crt"), str(Path(args.cert_dir) / "tls.key")
     tls = certs.ReloadingContext(certfile, keyfile)
-    gunicorn_application(create_app, bind=args.bind, workers=args.workers, certfile=certfile, keyfile=keyfile,
+    gunicorn_application(lambda: create_app(patch), bind=args.bind, workers=args.workers, certfile=certfile, keyfile=keyfile,
                          tls=tls).run()
 
 

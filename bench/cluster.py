@@ -130,7 +130,7 @@ def pod_pss_mib(pid: int) -> float:
 
 FLOOR_LEVEL_MAX = 32  # floors are measured at the levels up to this one
 FLOOR_HOOKS = {"go": "go.floor.bench.example", "python": "python.floor.bench.example",
-               "go-patch": "go-patch.floor.bench.example"}
+               "go-patch": "go-patch.floor.bench.example", "python-patch": "python-patch.floor.bench.example"}
 
 
 def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels: list[int],
@@ -159,8 +159,9 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
     (tmp / "our-patch.json").write_bytes(base64.b64decode(answer["patch"]))
 
     go = [str(binary), "--cert", str(cert_dir / "tls.crt"), "--key", str(cert_dir / "tls.key")]
-    commands = {"go": go, "python": [sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir)],
-                "go-patch": go + ["--patch", str(tmp / "our-patch.json")]}
+    python = [sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir)]
+    commands = {"go": go, "python": python, "go-patch": go + ["--patch", str(tmp / "our-patch.json")],
+                "python-patch": python + ["--patch", str(tmp / "our-patch.json")]}
     urls = {}
     for name in FLOOR_HOOKS:
         port, log = free_port(), tmp / f"floor-{name}.log"
@@ -194,7 +195,8 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
 
     labels = {"go": "Go, no work, no patch (bench/nullwebhook)",
               "python": "Python on our worker and TLS, no work, no patch (bench/baseline.py)",
-              "go-patch": "Go, no work, answering our patch"}
+              "go-patch": "Go, no work, answering our patch",
+              "python-patch": "Python on our worker and TLS, no work, answering our patch (bench/baseline.py --patch)"}
     rows, ratios = [], {}
     for name, label in labels.items():
         with registered(name, configuration("MutatingWebhookConfiguration", name, "/mutate")):
@@ -347,6 +349,12 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
         out += ["", "Ours mutate against the Go webhook answering our patch (each / the defaulter beside it): "
                 + ", ".join(f"{mutate_ratio[level] / floor_ratios['go-patch', level]:.2f}× at {level}"
                             for level in levels if ("go-patch", level) in floor_ratios) + " (target ≤ 1.10×)."]
+        out += ["", "Ours mutate against Python on our worker answering our patch: "
+                + ", ".join(f"{mutate_ratio[level] / floor_ratios['python-patch', level]:.2f}× at {level}"
+                            for level in levels if ("python-patch", level) in floor_ratios)
+                + "; that Python webhook against the Go one, both answering our patch: "
+                + ", ".join(f"{floor_ratios['python-patch', level] / floor_ratios['go-patch', level]:.2f}× at {level}"
+                            for level in levels if ("python-patch", level) in floor_ratios) + "."]
 
         lines, existing = section_ready(cluster, tmp, custom, runtime_counts, existing=1)  # Trainer's runtime
         out += lines

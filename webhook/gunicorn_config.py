@@ -20,6 +20,7 @@ called after the webhook's own.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 WORKER_CLASS = "webhook.worker.Worker"
@@ -59,7 +60,8 @@ def _mark_dead(user_hook: Callable | None):
     def child_exit(server, worker):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(worker.pid)  # its live gauges leave the sums
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # unset where no metrics are kept (bench/baseline.py)
+            multiprocess.mark_process_dead(worker.pid)  # its live gauges leave the sums
         if user_hook is not None:
             user_hook(server, worker)
 
