@@ -10,8 +10,8 @@ delta: exact, where its buckets are not) with the share under each bucket bound,
 / Trainer's. Each create is also timed on the client. The same run measures the create latency with
 our webhooks unregistered (the cost a user pays for them), and, with ours unregistered, the floors a
 webhook that does no work sits on, each registered alone where ours sits (a Go one, a Python one on our
-worker, and the Go one answering with our patch: what applying it costs the API server, and the best any
-webhook adding the entry can score), the webhook's resident memory per worker,
+worker, and each of them answering with our patch: what applying it costs the API server, and the best a
+webhook adding the entry can score in Go and in Python), the webhook's resident memory per worker,
 and the time from `serve` to ready with 1, 1,000 and 10,000 runtimes in the API server (right after
 they are created, and again once the control plane has settled).
 """
@@ -136,11 +136,12 @@ FLOOR_HOOKS = {"go": "go.floor.bench.example", "python": "python.floor.bench.exa
 def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels: list[int],
            bare: dict[int, list[float]]) -> tuple[list[str], dict]:
     """What a webhook costs the API server when it does no work: a Go one served as Trainer's are
-    (bench/nullwebhook), bench/baseline.py on our worker and TLS, and the Go one answering with the patch
-    our webhook computes for these TrainJobs (what applying that patch costs the API server; the best any
-    webhook that adds SPEC 6's entry can do). Each is registered alone where ours sits, right after
-    Trainer's defaulter, and measured at each level up to FLOOR_LEVEL_MAX beside it; then the Go pair a webhook like ours would
-    be at best (the patching one mutating, the plain one validating), for what it adds to a create."""
+    (bench/nullwebhook), bench/baseline.py on our worker and TLS, and each of them answering with the patch
+    our webhook computes for these TrainJobs (what applying that patch costs the API server; the best a
+    webhook that adds SPEC 6's entry can do, in Go and in Python on our worker). Each is registered alone
+    where ours sits, right after Trainer's defaulter, and measured at each level up to FLOOR_LEVEL_MAX
+    beside it; then the Go pair a webhook like ours would be at best (the patching one mutating, the plain
+    one validating), for what it adds to a create."""
     from webhook import certs
     from webhook.core.admission import Admission, MUTATE
     from webhook.files import load_runtimes, load_settings
@@ -354,7 +355,8 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
                             for level in levels if ("python-patch", level) in floor_ratios)
                 + "; that Python webhook against the Go one, both answering our patch: "
                 + ", ".join(f"{floor_ratios['python-patch', level] / floor_ratios['go-patch', level]:.2f}× at {level}"
-                            for level in levels if ("python-patch", level) in floor_ratios) + "."]
+                            for level in levels if ("python-patch", level) in floor_ratios
+                            and ("go-patch", level) in floor_ratios) + "."]
 
         lines, existing = section_ready(cluster, tmp, custom, runtime_counts, existing=1)  # Trainer's runtime
         out += lines

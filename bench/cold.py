@@ -3,14 +3,17 @@ reaches a worker that has waited for it, as every review does at concurrency 1 (
 Run: `python bench/cold.py`.
 
 The review is a small route-1 CREATE (JSON decode, the core, the answer encoded), as the server's review
-path runs them. Each condition is timed over `-n` reviews (median, µs) and printed as a ratio of the warm
-one, measured in the same run: back to back; after a sleep of 0.5 ms and of 5 ms; after 5 ms of a
-busy loop that touches no memory; after writing 4 MiB and 48 MiB of memory (the caches evicted, no sleep).
+path runs them. Each condition is timed over `-n` reviews (medians, wall clock) and printed as a ratio of
+the back-to-back one, measured in the same run: back to back; after a sleep of 0.5 ms and of 5 ms; after
+5 ms of a busy loop that touches no memory; after writing 4 MiB and 48 MiB of memory (one byte a cache
+line, no sleep). Each row also gives the core's share (`Admission.review`: the rules and the patch; the
+rest is the JSON, which bench/baseline.py --patch does too) and how long the process was away.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -48,26 +51,35 @@ def main() -> int:
                   "after a 5 ms sleep": lambda: time.sleep(0.005), "after 5 ms of a busy loop": spin,
                   "after writing 4 MiB": write(4 << 20), "after writing 48 MiB": write(48 << 20)}
 
-    def one() -> int:
+    def one() -> tuple[int, int]:
         started = time.perf_counter_ns()
-        answer, _ = admission.review(server._loads(body), MUTATE)
+        doc = server._loads(body)
+        decoded = time.perf_counter_ns()
+        answer, _ = admission.review(doc, MUTATE)
+        reviewed = time.perf_counter_ns()
         server._dumps(answer)
-        return time.perf_counter_ns() - started
+        return time.perf_counter_ns() - started, reviewed - decoded
 
     for _ in range(200):
         one()
     print(f"# A review after idling, {date.today()}, {platform.machine()}, Python {platform.python_version()}, "
-          f"{len(body)}-byte review, median of {args.n}\n")
-    print("| before each review | µs | / back to back |\n|---|---:|---:|")
+          f"{len(body)}-byte review, median of {args.n}, load average {os.getloadavg()[0]:.2f}\n")
+    print("| before each review | away ms | review µs | / back to back | of it, the core µs |\n"
+          "|---|---:|---:|---:|---:|")
     warm = None
     for label, before in conditions.items():
-        times = []
+        away, whole, core = [], [], []
         for _ in range(args.n):
+            started = time.perf_counter_ns()
             before()
-            times.append(one())
-        us = statistics.median(times) / 1000
+            away.append(time.perf_counter_ns() - started)
+            w, c = one()
+            whole.append(w)
+            core.append(c)
+        us = statistics.median(whole) / 1000
         warm = warm or us
-        print(f"| {label} | {us:.0f} | {us / warm:.1f}× |")
+        print(f"| {label} | {statistics.median(away) / 1e6:.2f} | {us:.0f} | {us / warm:.1f}× | "
+              f"{statistics.median(core) / 1000:.0f} |")
     return 0
 
 
