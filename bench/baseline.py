@@ -51,8 +51,8 @@ def main() -> None:
     patch = Path(args.patch).read_bytes() if args.patch else None
     certfile, keyfile = str(Path(args.cert_dir) / "tls.crt"), str(Path(args.cert_dir) / "tls.key")
     tls = certs.ReloadingContext(certfile, keyfile)
-    gunicorn_application(lambda: create_app(patch), bind=args.bind, workers=args.workers, certfile=certfile, keyfile=keyfile,
-                         tls=tls).run()
+    gunicorn_application(lambda: create_app(patch), bind=args.bind, workers=args.workers, certfile=certfile,
+                         keyfile=keyfile, tls=tls).run()
 
 
 if __name__ == "__main__":

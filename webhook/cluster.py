@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
-from . import metrics
+from . import heap, metrics
 from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Key, Runtime, RuntimeUnavailable,
                             WouldBlock, stored_version)
 
@@ -71,19 +71,6 @@ def slim(obj: dict, kind: str) -> Runtime:
     return Runtime.of(obj, kind)
 
 
-def _trim() -> None:
-    """Give the heap freed by a list back to the system (glibc keeps it otherwise: the pages of a 10,000-item
-    list would stay in the pod's memory until the next one)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 class Reflector:
     """List, then watch from the list's resourceVersion; relist on 410 Gone and, with backoff, on errors."""
 
@@ -105,7 +92,7 @@ class Reflector:
                 # Taken one by one as the pages arrive: a large list never sits in memory whole.
                 count = self.index.replace(self.kind, (slim(i, self.kind) for i in items))
                 version = listed.version if version is None else version
-                _trim()
+                heap.trim()
                 self.synced.set()
                 metrics.get().cache_sync.labels(self.kind).set_to_current_time()
                 metrics.get().cache_size.labels(self.kind).set(count)
