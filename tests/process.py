@@ -16,10 +16,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, never one this test session was given before: the kernel may hand the port it
+    just released to the next bind, so two calls in a row could name one port for two listeners (a --bind
+    and a --metrics-bind on the same port failed test_serve once in a fresh clone)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port left that this session has not used")
 
 
 def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
