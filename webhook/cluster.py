@@ -297,9 +297,9 @@ def keep(directory: str, kubeconfig: str | None, parent: int) -> None:
     from .store import StoreWriter
 
     _die_with_parent(parent)
-    keeper = Keeper(RuntimeAPI(api_client(kubeconfig)), StoreWriter(directory))
-    for kind in KINDS:
+    for kind in KINDS:  # first: a scrape while the client and the store are made already says "not synced"
         metrics.get().cache_synced.labels(kind).set(0)
+    keeper = Keeper(RuntimeAPI(api_client(kubeconfig)), StoreWriter(directory))
     while os.getppid() == parent:
         for kind, reflector in keeper.reflectors.items():
             if reflector.synced.is_set():

@@ -239,9 +239,13 @@ def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(tmp_path):
         got = post(s, "/mutate", review(trainjob())).json()["response"]
         assert got["allowed"] is False and got["status"]["code"] == 503
         assert got["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
-        text = requests.get(base + "/metrics", verify=ca, timeout=5).text
-        assert 'dispatch_admission_runtime_cache_synced{kind="ClusterTrainingRuntime"} 0.0' in text
-        assert 'dispatch_admission_runtime_cache_synced{kind="TrainingRuntime"} 0.0' in text
+        # The keeper, a process of its own forked beside the workers, writes these: polled, not read once.
+        synced = ('dispatch_admission_runtime_cache_synced{kind="ClusterTrainingRuntime"} 0.0',
+                  'dispatch_admission_runtime_cache_synced{kind="TrainingRuntime"} 0.0')
+        deadline = time.monotonic() + 15
+        while not all(line in (text := requests.get(base + "/metrics", verify=ca, timeout=5).text) for line in synced):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
 
 
 def test_metrics_directory_made_and_cleaned_at_start(tmp_path):
