@@ -21,7 +21,7 @@ import lmdb
 from .core.runtimes import Key, Runtime, key, key_of
 
 # Address space, not memory: only the pages written are used. 10,000 ordinary runtimes take about 8 MiB;
-# the largest a runtime can be before it is held as too large to check (MAX_NAMES) is about 130 KiB.
+# one runtime is stored in at most a little over MAX_STORED_BYTES (64 KiB): a larger one is held as too large.
 MAP_SIZE = 8 << 30
 SYNCED = b"\0synced\x1f"
 DECODED_BYTES = 4 << 20  # what a worker keeps decoded (the runtimes it reviews most), counted in stored bytes

@@ -105,7 +105,7 @@ def test_spec_8_3_a_runtime_edit_removing_the_init_container_is_warned_and_the_g
             job["template"]["spec"]["template"]["spec"].pop("initContainers", None)
         got = c.apply(edited)
         assert got.returncode == 0  # warnings only, never a denial
-        assert "Warning: R4: TrainJobs on this runtime will be refused: replicated job 'node' lacks init container" \
+        assert "Warning: R4: TrainJobs on this runtime will be refused: job 'node' lacks init container" \
             in got.stderr, got.stderr
         assert wait_ready_gauge(env.route2, "rollout-init", 0.0) == 0.0
         # ... and a TrainJob on route 2 naming it is refused, as the warning said.

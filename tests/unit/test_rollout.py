@@ -107,11 +107,14 @@ def test_spec_8_1_warn_admits_unchanged_and_tells(rule, verb):
     answer = resp["response"]
     assert answer["allowed"] and "patch" not in answer and "status" not in answer
     told = [w for w in answer["warnings"] if w.startswith("would deny: ")]
-    assert len(told) == len(enforced.reasons)
-    for reason, w in zip(enforced.reasons, told):
-        assert w.startswith(f"would deny: {reason.sentinel.name}: {reason.field[:60]}"[:120]) and len(w) <= 120
+    # SPEC 8.1: in warn, /validate does not blame a bypass (S5) for the entry /mutate left out on purpose.
+    expected = [r for r in enforced.reasons if r.rule != "S5" or len(enforced.reasons) == 1]
+    assert len(told) == len(expected)
+    for reason, w in zip(expected, told):
+        field = reason.field.partition(".trainingRuntimeSpec")[0]
+        assert w.startswith(f"would deny: {reason.sentinel.name}: {field}") and len(w) <= 120
     if verb == "validate":  # counted once per cause, on the validating endpoint only
-        assert outcome.would_deny == tuple((r.sentinel.name, r.rule) for r in enforced.reasons)
+        assert outcome.would_deny == tuple((r.sentinel.name, r.rule) for r in expected)
         assert rule in {r for _, r in outcome.would_deny}
     else:
         assert outcome.would_deny == ()
@@ -220,3 +223,57 @@ def test_spec_8_3_trainjob_paths_ignore_runtimes():
     bad = runtime_objects()["no-node"]
     for verb in ("mutate", "validate"):
         assert adm().review(runtime_review(bad), verb)[0]["response"] == {"uid": "uid-1", "allowed": True}
+
+
+# ---- SPEC 6.4: a warning cut at 120 characters still says which job lacks what ----
+
+LONG_RUNTIME = "a-runtime-with-a-name-as-long-as-kubernetes-allows-" + "x" * 150
+LONG_JOB = "trainer-nodes-of-the-largest-kind-" + "y" * 29  # a DNS-1123 label of 63
+
+
+def lacking_init(name=LONG_RUNTIME, job=LONG_JOB) -> dict:
+    return runtime(name, jobs={job: {"containers": [{"name": "node"}]}})
+
+
+@pytest.mark.parametrize("verb", ["mutate", "validate"])
+def test_spec_6_4_a_would_deny_warning_says_what_to_change_first(verb):
+    source = RuntimeIndex([lacking_init()])
+    answer = adm(ROUTE2, source, Enforcement.WARN).review(review(trainjob(runtime_name=LONG_RUNTIME)), verb)[0]
+    [told] = [w for w in answer["response"]["warnings"] if w.startswith("would deny: ")]
+    assert len(told) <= 120
+    assert "lacks init container 'dispatch-publish'" in told and "job 'trainer-node" in told, told
+    assert told.startswith("would deny: ErrUnsupported: spec.runtimeRef: job 'trainer-"), told
+
+
+def test_spec_6_4_a_runtime_warning_says_what_to_change_first():
+    answer = adm(ROUTE2).review(runtime_review(lacking_init()), "runtimes")[0]["response"]
+    [told] = answer["warnings"]
+    assert len(told) <= 120 and told.startswith("R4: TrainJobs on this runtime will be refused: job 'trainer-")
+    assert "lacks init container 'dispatch-publish'" in told, told
+
+
+def test_spec_6_4_a_field_inside_an_entry_is_shortened_to_its_job():
+    job = trainjob(patches=[mount_patch("/opt/dispatch/x")])
+    answer = adm(mode=Enforcement.WARN).review(review(with_entry(job)), "validate")[0]["response"]
+    [told] = [w for w in answer["warnings"] if w.startswith("would deny: ")]
+    assert told.startswith("would deny: ErrInvalid: spec.runtimePatches[0]..replicatedJobs[0]..containers[0]"
+                           ".volumeMounts[0].mountPath: '/opt/dis"), told
+
+
+# ---- SPEC 8.1: in warn, no S5 blame for an entry the mutating endpoint left out on purpose ----
+
+@pytest.mark.parametrize("job,rule", [(trainjob(runtime_name="no-node"), "R3"), (trainjob(runtime_name="missing"), "R2"),
+                                      (trainjob(patches=[{"manager": f"m{i}.io/x"} for i in range(16)]), "R8")])
+def test_spec_8_1_warn_validate_gives_the_reasons_that_kept_the_entry_out(job, rule):
+    a = adm(mode=Enforcement.WARN)
+    mutate = a.review(review(job), "mutate")[0]["response"]
+    assert "patch" not in mutate  # left out on purpose: enforce would deny it
+    resp, outcome = a.review(review(job), "validate")
+    told = resp["response"]["warnings"]
+    assert [r for _, r in outcome.would_deny] == [rule], (told, outcome.would_deny)
+    assert not any("bypassed" in w for w in told), told
+
+
+def test_spec_8_1_warn_still_blames_a_real_bypass():
+    resp, outcome = adm(mode=Enforcement.WARN).review(review(trainjob()), "validate")
+    assert [r for _, r in outcome.would_deny] == ["S5"] and any("bypassed" in w for w in resp["response"]["warnings"])

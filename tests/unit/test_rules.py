@@ -1,6 +1,7 @@
 """One test (at least) per rule of SPEC 5: each fails when its rule is removed."""
 
 import pytest
+import yaml
 
 from webhook.core.runtimes import RuntimeIndex
 from tests.helpers import (CREDS, IMAGE, MANAGER, ROUTE1, ROUTE2, admission, answer, fields, mount_patch,
@@ -226,6 +227,110 @@ def test_r5_other_jobs_of_the_runtime_count_too():
     denied(answer(admission(runtimes=rts), trainjob()), 403, "ErrUnsupported")
 
 
+def claim_runtime(claim: str, **kw) -> dict:
+    """A runtime declaring a volume through the JobSet template's volumeClaimPolicies, as Trainer's torchtune
+    runtimes declare `initializer`."""
+    rt = runtime(**kw)
+    rt["spec"]["template"]["spec"]["volumeClaimPolicies"] = [
+        {"templates": [{"metadata": {"name": claim}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}]
+    return rt
+
+
+@pytest.mark.parametrize("claim,credential", [("dispatch-publish", "checkpoint-store"), ("initializer", "initializer")])
+def test_r5_claim_templates_are_volumes(claim, credential):
+    """SPEC 5 R5: JobSet adds a volume of each claim template's name to the pods that mount it, and the entry
+    mounts its volumes on `node`: two volumes of one name."""
+    creds = {"credentials": [{"name": credential, "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}]}
+    rts = RuntimeIndex([claim_runtime(claim)])
+    st = denied(answer(admission({**ROUTE1, **creds}, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    [cause] = st["details"]["causes"]
+    assert cause["field"] == "spec.runtimeRef" and "rename" in cause["message"] and repr(claim) in cause["message"]
+
+
+def test_r5_a_claim_template_of_another_name_is_fine():
+    rts = RuntimeIndex([claim_runtime("initializer")])
+    assert answer(admission({**ROUTE1, **CREDS}, runtimes=rts), trainjob())["allowed"]
+
+
+def node_mounting(path: str, container: str = "node") -> dict:
+    return runtime(jobs={"node": {"containers": [{"name": "node"}] * (container != "node") + [
+        {"name": container, "volumeMounts": [{"name": "data", "mountPath": path}]}]}})
+
+
+@pytest.mark.parametrize("path", ["/var/run/dispatch/creds", "/var/run/dispatch/creds/sub", "//var/run/dispatch/creds/"])
+def test_r5_a_node_mount_at_or_under_a_credentials_path(path):
+    """SPEC 5 R5: Trainer merges mounts by path, so the credential and the runtime's mount would replace one another."""
+    rts = RuntimeIndex([node_mounting(path)])
+    st = denied(answer(admission({**ROUTE1, **CREDS}, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    assert "move credential 'checkpoint-store'" in st["message"] and "'node'" in st["message"], st["message"]
+
+
+@pytest.mark.parametrize("path,container", [("/var/run", "node"), ("/var/run/dispatch/credentials", "node"),
+                                            ("/var/run/dispatch/creds", "sidecar")])
+def test_r5_node_mounts_beside_a_credential_or_in_other_containers_are_fine(path, container):
+    rts = RuntimeIndex([node_mounting(path, container)])
+    assert answer(admission({**ROUTE1, **CREDS}, runtimes=rts), trainjob())["allowed"]
+
+
+def mpi_runtime(ssh_path: str | None = None) -> dict:
+    rt = runtime(torch=False)
+    rt["spec"]["mlPolicy"]["mpi"] = {"sshAuthMountPath": ssh_path} if ssh_path else {}
+    return rt
+
+
+@pytest.mark.parametrize("ssh_path,cred_path", [(None, "/root/.ssh"), (None, "/root"), (None, "/root/.ssh/keys"),
+                                                ("/home/mpi/.ssh", "/home/mpi")])
+def test_r5_mpi_ssh_auth_mount_path_overlapping_a_credential(ssh_path, cred_path):
+    creds = {"credentials": [{"name": "keys", "secret": "s", "mountPath": cred_path}]}
+    rts = RuntimeIndex([mpi_runtime(ssh_path)])
+    st = denied(answer(admission({**ROUTE1, **creds}, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    assert "sshAuthMountPath" in st["message"] and "move credential 'keys'" in st["message"], st["message"]
+
+
+@pytest.mark.parametrize("ssh_path,cred_path,mpi", [(None, "/root/.sshkeys", True), ("/home/mpi/.ssh", "/root/.ssh", True),
+                                                     (None, "/root/.ssh", False)])
+def test_r5_ssh_paths_beside_a_credential_or_without_mpi_are_fine(ssh_path, cred_path, mpi):
+    creds = {"credentials": [{"name": "keys", "secret": "s", "mountPath": cred_path}]}
+    rts = RuntimeIndex([mpi_runtime(ssh_path) if mpi else runtime(torch=False)])
+    assert answer(admission({**ROUTE1, **creds}, runtimes=rts), trainjob())["allowed"]
+
+
+def trainer_runtime(path: str) -> dict:
+    """A runtime shipped in the Trainer Go module (the toolchain downloads it before the tests run)."""
+    from tests.e2e import toolchain
+
+    return yaml.safe_load((toolchain.trainer_module() / "manifests" / "base" / "runtimes" / path).read_text())
+
+
+@pytest.mark.parametrize("credential,fragment", [
+    ({"name": "initializer", "secret": "s", "mountPath": "/var/run/dispatch/creds"}, "rename credential 'initializer'"),
+    ({"name": "store", "secret": "s", "mountPath": "/workspace"}, "move credential 'store' (/workspace)"),
+])
+def test_r5_trainers_stock_torchtune_runtime(credential, fragment):
+    """The two collisions found on Trainer v2.3.0's torchtune runtimes (issue 34), refused; its defaults admitted."""
+    rt = trainer_runtime("torchtune/llama3_2/llama3_2_1B.yaml")
+    rts = RuntimeIndex([rt])
+    job = trainjob(runtime_name=rt["metadata"]["name"])
+    assert answer(admission({**ROUTE1, **CREDS}, runtimes=rts), job)["allowed"]
+    st = denied(answer(admission({**ROUTE1, "credentials": [credential]}, runtimes=rts), job), 403, "ErrUnsupported")
+    assert fragment in st["message"], st["message"]
+
+
+def test_r5_too_large_to_check_says_which_bound():
+    from webhook.core.runtimes import MAX_JOBS, MAX_STORED_BYTES
+
+    many_jobs = runtime(jobs={f"j{i}": {"containers": [{"name": "node"}]} for i in range(MAX_JOBS + 1)})
+    long_names = runtime(jobs={"node": {"containers": [{"name": "node"}],
+                                        "volumes": [{"name": f"{i:04d}" + "v" * 500} for i in range(200)]}})
+    long_path = node_mounting("/data/" + "x" * 5000)
+    for rt, said in ((many_jobs, f"more than {MAX_JOBS}"), (long_names, f"more than {MAX_STORED_BYTES} bytes"),
+                     (long_path, "longer than 4096")):
+        st = denied(answer(admission(runtimes=RuntimeIndex([rt])), trainjob()), 403, "ErrUnsupported")
+        assert "too large to check" in st["message"] and said in st["message"], st["message"]
+    fits = runtime(jobs={f"j{i}": {"containers": [{"name": "node"}]} for i in range(MAX_JOBS)})
+    assert answer(admission(runtimes=RuntimeIndex([fits])), trainjob())["allowed"]
+
+
 # ---- R6 ----
 
 def test_r6_num_proc_per_node_needs_torch():
@@ -313,6 +418,6 @@ def test_a_runtime_is_taken_as_what_the_rules_read_of_it():
     huge = runtime("huge", jobs={"node": {"containers": [{"name": "node"}],
                                           "volumes": [{"name": f"v{i}"} for i in range(MAX_NAMES + 1)]}})
     taken = Runtime.of(huge)
-    assert taken.jobs == () and taken.oversize > MAX_NAMES
+    assert taken.jobs == () and f"more than {MAX_NAMES}" in taken.oversize
     [reason] = runtime_facts(taken, settings(ROUTE1)).reasons
     assert reason.rule == "R5" and "too large to check" in reason.text

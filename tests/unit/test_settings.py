@@ -99,6 +99,30 @@ def test_refusals_name_the_key_path(doc, field):
     assert field in fields(refused(doc))
 
 
+def cred_at(path: str) -> dict:
+    return {"credentials": [{"name": "a", "secret": "s", "mountPath": path}]}
+
+
+@pytest.mark.parametrize("path,plugin_path", [
+    ("/etc/mpi", "/etc/mpi"), ("/etc/mpi/keys", "/etc/mpi"), ("/etc", "/etc/mpi"), ("/etc//mpi/", "/etc/mpi"),
+    ("/etc/flux-config", "/etc/flux-config"), ("/curve", "/curve"), ("/mnt/flux/x", "/mnt/flux"), ("/mnt", "/mnt/flux"),
+    ("/dev/shm", "/dev/shm"), ("/dev", "/dev/shm"), ("/opt/software", "/opt/software"),
+    ("/var/run/secrets/kubeflow/trainer", "/var/run/secrets/kubeflow/trainer"),
+    ("/var/run/secrets", "/var/run/secrets/kubeflow/trainer"), ("/var", "/var/run/secrets/kubeflow/trainer"),
+])
+def test_credentials_overlapping_trainers_plugin_paths_are_refused(path, plugin_path):
+    """SPEC 2: Trainer's plugins mount these after the runtimePatches merge, matching mounts by path."""
+    reasons = refused(cred_at(path)).reasons
+    assert {r.field for r in reasons} == {"credentials[0].mountPath"}
+    assert any(f"overlaps {plugin_path}," in r.text for r in reasons), reasons
+
+
+@pytest.mark.parametrize("path", ["/etc/mpi-creds", "/etc/mpix", "/dev/shmem", "/var/run/dispatch/creds",
+                                  "/var/run/secrets/kubeflow/other", "/mnt/fluxion", "/opt/software2", "/curved"])
+def test_paths_beside_trainers_plugin_paths_are_accepted(path):
+    assert s.parse(json.dumps(cred_at(path))).credentials[0].mount_path == path
+
+
 @pytest.mark.parametrize("text,fragment", [
     ('{"manager": "a.io/x", "manager": "b.io/y"}', "duplicate key"),
     ('{"publish": {"image": "%s", "image": "%s"}}' % (IMAGE, IMAGE), "duplicate key"),

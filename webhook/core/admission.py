@@ -29,7 +29,8 @@ from . import patch, rules
 from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, ErrInvalid, ErrUnavailable, Reason,
                      Reasons, primary)
 from .patch import Entry, Op
-from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review
+from .review import (AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_reason,
+                     short_text)
 from .rules import Own, RuntimeFacts
 from .runtimes import (GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable,
                        WouldBlock)
@@ -150,7 +151,7 @@ W_ROUTE2 = "publish.via initContainer (route 2) has not been run end to end on y
 
 
 def w_would_deny(reason: Reason) -> str:
-    return f"would deny: {reason.sentinel.name}: {reason.field}: {reason.text}"
+    return f"would deny: {reason.sentinel.name}: {short_reason(reason)}"
 
 
 # ---- the two verbs ----
@@ -191,8 +192,10 @@ def mutation(p: Plan) -> Decision:
     return Decision(tuple(ops), tuple(warnings), tuple(reasons))
 
 
-def validation(p: Plan) -> Decision:
-    """The validating endpoint: the reasons the object as it will be stored breaks a rule."""
+def validation(p: Plan, *, warn: bool = False) -> Decision:
+    """The validating endpoint: the reasons the object as it will be stored breaks a rule. In `warn` (SPEC 8.1)
+    an entry the mutating endpoint left out on purpose is not blamed on a bypass (S5): the reasons that kept
+    it out are given instead."""
     if p.stage is Stage.DELETING:
         return Decision()
     reasons = Reasons(p.reasons)
@@ -201,9 +204,12 @@ def validation(p: Plan) -> Decision:
             if p.own is not None:
                 reasons.extend(_s4_unconfigured(p))
         elif p.own is None:
-            if p.readable:  # S5 (a runtimePatches that is no list is already a reason)
+            kept_out = mutation(p).reasons if warn else ()
+            if kept_out:
+                reasons.extend(kept_out)
+            elif p.readable:  # S5 (a runtimePatches that is no list is already a reason)
                 reasons.add(ErrInvalid, "spec.runtimePatches",
-                            f"has no entry of manager {p.manager!r}: the dispatch-admission mutating webhook was bypassed",
+                            f"the dispatch-admission mutating webhook was bypassed: no entry of manager {p.manager!r}",
                             "S5")
         elif p.entry is not None and not p.entry.matches(p.own.entry) and \
                 not (p.previous is not None and p.previous.matches(p.own.entry)):  # SPEC 2.1's grace
@@ -460,10 +466,11 @@ class Admission:
         try:
             plan = self.plan(req)
             name, namespace = plan.name, plan.namespace
-            decision = mutation(plan) if verb is Verb.MUTATE else validation(plan)
+            warn = self.enforcement is Enforcement.WARN
+            decision = mutation(plan) if verb is Verb.MUTATE else validation(plan, warn=warn)
             if verb is Verb.VALIDATE and plan.stage is Stage.CREATE and self._refreshed(decision):
                 plan = self.plan(req)  # the settings changed: judged again with them
-                decision = validation(plan)
+                decision = validation(plan, warn=warn)
         except (BadReview, WouldBlock):
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
@@ -620,8 +627,8 @@ class Admission:
                                    "metadata": {**meta, "name": name, "namespace": namespace}})
             facts = rules.runtime_facts(runtime, settings)
             what = f"{runtime}: "
-            warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: {r.text.removeprefix(what)}"
-                             for r in facts.reasons)
+            warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: "
+                             f"{short_text(r.text.removeprefix(what))}" for r in facts.reasons)
         outcome = Outcome(uid=uid, verb=Verb.RUNTIMES, operation=operation, namespace=namespace, name=name,
                           intercepted=True, warnings=warnings)
         return build_response(uid, [], [], list(warnings), name, kind=RUNTIME_RESOURCES[resource]), outcome

@@ -59,12 +59,14 @@ MAX_MESSAGE = 16 * 1024
 
 
 class Reason(NamedTuple):
-    """One broken rule: which sentinel, which field, what is wrong, and which rule said so."""
+    """One broken rule: which sentinel, which field, what is wrong, and which rule said so. `subject`, where
+    given, is what the text starts with (a runtime, `Kind name: `), so a short form can put it last (SPEC 6.4)."""
 
     sentinel: Sentinel
     field: str
     text: str
     rule: str = ""
+    subject: str = ""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.text}"

@@ -72,9 +72,12 @@ RULES: tuple[Rule, ...] = (
          "route 2: a target job without the named init container (each one named)",
          ("runtime: init containers of each target job", "settings.publish.initContainer"), "rules.runtime_facts"),
     Rule("R5", "5", ErrUnsupported,
-         "a runtime that already defines `dispatch-publish` or a credential's volume name, or mounts at or under"
-         " `/opt/dispatch`; a runtime too large to check",
-         ("runtime: volumes and mounts of each replicated job", "settings.credentials"), "rules.runtime_facts"),
+         "a runtime that already defines `dispatch-publish` or a credential's volume name (a volume, or a claim"
+         " template of the JobSet template's `volumeClaimPolicies`: JobSet makes each a volume), mounts at or under"
+         " `/opt/dispatch`, mounts at or under a credential's `mountPath` on a target job's `node` container, or whose"
+         " `mlPolicy.mpi.sshAuthMountPath` overlaps a credential's; a runtime too large to check",
+         ("runtime: volumes, claim templates and mounts of each replicated job", "runtime: mlPolicy.mpi",
+          "settings.credentials"), "rules.runtime_facts"),
     Rule("R6", "5", ErrUnsupported,
          "`spec.trainer.numProcPerNode` on a runtime whose `mlPolicy` has none of `torch`, `mpi`, `flux` (Trainer"
          " reads it as processes per node, MPI slots or Flux tasks, and ignores it elsewhere)",

@@ -8,12 +8,14 @@ and a Status built from the error table).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, TypedDict
 
 from . import errors, patch
 
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING = 120
+LONG_NAME = 24  # a quoted name longer than this is shortened in a warning, before the warning is cut
 
 
 class GroupVersionResource(TypedDict, total=False):
@@ -75,6 +77,30 @@ def warning(text: str) -> str:
     """A warning as the API server passes it on: one plain sentence, at most 120 characters."""
     text = " ".join(text.split())
     return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+
+
+_QUOTED = re.compile(r"'([^']{%d,})'" % (LONG_NAME + 1))
+# A field inside a runtimePatches entry repeats the path to the pod spec: kept to the job and what follows.
+_POD_PATH = re.compile(r"\.trainingRuntimeSpec\.template\.spec\.(replicatedJobs\[\d+\])\.template\.spec\.template\.spec\.")
+
+
+def short_name(name: str) -> str:
+    return name if len(name) <= LONG_NAME else f"{name[:12]}...{name[-(LONG_NAME - 15):]}"
+
+
+def short_text(text: str, subject: str = "") -> str:
+    """A reason's text for a warning (SPEC 6.4): what to change first (the `subject` it starts with, a runtime,
+    goes last), long names shortened, so a warning cut at 120 characters still says which job lacks what."""
+    if subject and text.startswith(subject + ": "):
+        kind, _, name = subject.partition(" ")
+        text = f"{text[len(subject) + 2:]} ({kind} {short_name(name)})"
+    return _QUOTED.sub(lambda m: f"'{short_name(m.group(1))}'", text)
+
+
+def short_reason(reason: errors.Reason) -> str:
+    """`FIELD: TEXT` of a reason, shortened for a warning (`short_text`; a field inside an entry to its job)."""
+    field = _POD_PATH.sub(r"..\1..", reason.field)  # spec.runtimePatches[0]..replicatedJobs[0]..containers[0]...
+    return f"{field}: {short_text(reason.text, reason.subject)}"
 
 
 def build_response(uid: str, reasons: list[errors.Reason], ops: Iterable[patch.Op], warnings: list[str],

@@ -10,11 +10,11 @@ Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from . import paths
-from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reasons, Sentinel
-from .runtimes import CLUSTER_KIND, GROUP, KINDS, MAX_NAMES, NAMESPACED_KIND, Runtime
+from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reason, Reasons, Sentinel
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 NODE_CONTAINER = "node"
@@ -321,38 +321,62 @@ class RuntimeFacts:
 
 
 def runtime_facts(runtime: Runtime | dict, settings: Settings) -> RuntimeFacts:
-    """R3, R4 and R5 for one runtime (an object is taken as a `Runtime` first)."""
+    """R3, R4 and R5 for one runtime (an object is taken as a `Runtime` first). Each reason's text starts with
+    the runtime (`subject`), and says what to change."""
     runtime = Runtime.of(runtime)
     reasons = Reasons()
     what = str(runtime)
+
+    def unsupported(text: str, *, rule: str) -> None:
+        reasons.append(Reason(ErrUnsupported, "spec.runtimeRef", f"{what}: {text}", rule, what))
+
     if runtime.oversize:  # R5: not held whole, so it cannot be checked
-        reasons.add(ErrUnsupported, "spec.runtimeRef",
-                    f"{what}: too large to check: its replicated jobs name {runtime.oversize} containers, volumes"
-                    f" and mounts (more than {MAX_NAMES})", "R5")
+        unsupported(f"too large to check: {runtime.oversize}", rule="R5")
         return RuntimeFacts((), runtime.policies, tuple(reasons))
     targets = [j for j in runtime.jobs if NODE_CONTAINER in j.containers]
     if not targets:  # R3
-        reasons.add(ErrUnsupported, "spec.runtimeRef",
-                    f"{what}: no replicated job has a container named {NODE_CONTAINER!r}", "R3")
+        unsupported(f"no replicated job has a container named {NODE_CONTAINER!r}", rule="R3")
     publish = settings.publish
     if publish is not None and publish.via == ROUTE_INIT_CONTAINER:  # R4
         for job in targets:
             if publish.init_container not in job.init_containers:
-                reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{what}: replicated job {job.name!r} lacks init container {publish.init_container!r}"
-                            " (route 2)", "R4")
-    reserved = {PUBLISH_VOLUME} | {c.name for c in settings.credentials}
-    for job in runtime.jobs:  # R5
-        for name in job.volumes:
-            if name in reserved:
-                reasons.add(ErrUnsupported, "spec.runtimeRef",
-                            f"{what}: replicated job {job.name!r} already defines volume {name!r},"
-                            " a name the webhook reserves", "R5")
-        for container, mp in job.publish_mounts:
-            reasons.add(ErrUnsupported, "spec.runtimeRef",
-                        f"{what}: replicated job {job.name!r} container {container!r}"
-                        f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", "R5")
+                unsupported(f"job {job.name!r} lacks init container {publish.init_container!r}"
+                            " (route 2)", rule="R4")
+    _r5(runtime, targets, settings, unsupported)
     return RuntimeFacts(tuple(j.name for j in targets), runtime.policies, tuple(reasons))
+
+
+def _r5(runtime: Runtime, targets: list, settings: Settings, unsupported: Callable[..., None]) -> None:
+    """R5: what the runtime defines that the webhook's entry would collide with, volumes by name and mounts by
+    path, as Trainer and JobSet merge them."""
+    creds = {c.name: c for c in settings.credentials}
+    for name in runtime.claims:  # JobSet adds a volume of each claim template's name to the pods that mount it
+        if name == PUBLISH_VOLUME:
+            unsupported(f"rename volumeClaimPolicies claim template {name!r}: JobSet makes it a volume of that"
+                        " name, which the webhook reserves", rule="R5")
+        elif name in creds:
+            unsupported(f"rename credential {name!r} or the volumeClaimPolicies claim template of that name: JobSet"
+                        " makes the template a volume, and two volumes would share the name", rule="R5")
+    for job in runtime.jobs:
+        for name in job.volumes:
+            if name == PUBLISH_VOLUME or name in creds:
+                unsupported(f"replicated job {job.name!r} already defines volume {name!r},"
+                            " a name the webhook reserves", rule="R5")
+        for container, mp in job.publish_mounts:
+            unsupported(f"replicated job {job.name!r} container {container!r}"
+                        f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", rule="R5")
+    for job in targets:  # where the credentials are mounted: Trainer merges mounts by path
+        for mp in job.node_mounts:
+            for cred in settings.credentials:
+                if paths.within(mp, cred.mount_root):
+                    unsupported(f"move credential {cred.name!r} ({cred.mount_path}) or the mount at {mp!r} of"
+                                f" replicated job {job.name!r} container {NODE_CONTAINER!r}: one would replace"
+                                " the other", rule="R5")
+    if runtime.ssh_path:
+        for cred in settings.credentials:
+            if paths.overlaps(runtime.ssh_path, cred.mount_root):
+                unsupported(f"move credential {cred.name!r} ({cred.mount_path}): it overlaps"
+                            f" mlPolicy.mpi.sshAuthMountPath {runtime.ssh_path!r}, where MPI's SSH keys go", rule="R5")
 
 
 def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env, reasons: Reasons) -> None:

@@ -5,10 +5,12 @@ tell now (SPEC 4: ErrUnavailable). Runtimes read from files (`webhook.files`) an
 cache (`webhook.cluster`) both fill the same index.
 
 A `Runtime` is what the rules read of a runtime object, taken once when a source takes the object: its
-kind and name, its mlPolicy sources and, per replicated job, the names of its containers, init containers
-and volumes and its mounts at or under /opt/dispatch. Nothing else of the object is kept (images,
-commands, resources and managedFields are most of it), so a cache of 10,000 runtimes is small and a large
-runtime stays small. What the rules decide of it for given settings (`rules.runtime_facts`, the entry) is
+kind and name, its mlPolicy sources (and MPI's sshAuthMountPath), the JobSet template's claim template
+names and, per replicated job, the names of its containers, init containers and volumes, its mounts at or
+under /opt/dispatch and the `node` container's mount paths. Nothing else of the object is kept (images,
+commands, env, resources and managedFields are most of it), so a cache of 10,000 runtimes is small, and
+what is kept of one runtime is bounded by counts and bytes (MAX_JOBS, MAX_NAMES, MAX_STORED_BYTES): a
+runtime past them is kept as too large to check. What the rules decide of it for given settings (`rules.runtime_facts`, the entry) is
 worked out once per settings and kept with it.
 """
 
@@ -46,9 +48,15 @@ def key(kind: str, namespace: str, name: str) -> Key:
     return (kind, namespace if kind == NAMESPACED_KIND else "", name)
 
 
-# A runtime whose replicated jobs name more containers, volumes and mounts than this is not taken whole:
-# it is held as too large to check, and cannot carry the mount (a tenant cannot grow the cache with it).
-MAX_NAMES = 2000
+# What is kept of one runtime is bounded, whatever the object (issue 33): a runtime over any of these is held as
+# too large to check (R5 refuses TrainJobs naming it, saying which bound it passed), never dropped, and stored as
+# its name and that reason alone. A tenant who may create TrainingRuntimes then cannot grow the pod's cache by
+# more than MAX_STORED_BYTES a runtime, nor the keeper's work per runtime by more than these counts.
+MAX_JOBS = 100            # replicated jobs (Trainer's stock runtimes have 1 to 3)
+MAX_NAMES = 2000          # containers, init containers, volumes, mounts, claim templates and mlPolicy sources
+MAX_STORED_BYTES = 64 * 1024  # the strings kept, summed (names and mount paths); the stored form is a little more
+MAX_PATH = 4096           # one mount path (Linux's PATH_MAX)
+DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"  # Trainer's default for mlPolicy.mpi.sshAuthMountPath
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Job:
     init_containers: frozenset[str]     # ... and init containers
     volumes: tuple[str, ...]            # names of the pod's volumes
     publish_mounts: tuple[tuple[str, str], ...]  # (container, mountPath) at or under /opt/dispatch
+    node_mounts: tuple[str, ...] = ()   # the `node` container's mount paths, normalised (R5: credentials' paths)
 
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
@@ -73,6 +82,33 @@ def _interned(job: Job) -> Job:
         return _JOBS.setdefault(job, job)
 
 
+class _TooLarge(Exception):
+    """A runtime passed one of the bounds above; the message says which, for R5's reason."""
+
+
+class _Budget:
+    """Counts what `Runtime.of` keeps as it walks, and stops the walk at the first bound passed."""
+
+    def __init__(self):
+        self.names = self.bytes = 0
+
+    def count(self) -> None:
+        self.names += 1
+        if self.names > MAX_NAMES:
+            raise _TooLarge(f"its template names more than {MAX_NAMES} containers, volumes, mounts and claims")
+
+    def name(self, text: str) -> str:
+        """`text`, kept: counted as a name and by its bytes."""
+        self.count()
+        self.bytes += len(text)
+        if self.bytes > MAX_STORED_BYTES:
+            raise _TooLarge(f"the names and paths it holds come to more than {MAX_STORED_BYTES} bytes")
+        return text
+
+
+NODE = "node"  # the trainer node container (SPEC 1)
+
+
 @dataclass(frozen=True)
 class Runtime:
     """What the rules read of one ClusterTrainingRuntime or TrainingRuntime object (see the module doc)."""
@@ -83,7 +119,9 @@ class Runtime:
     version: str = ""                   # metadata.resourceVersion
     policies: frozenset[str] = frozenset()  # the mlPolicy sources set: torch, mpi, flux, ...
     jobs: tuple[Job, ...] = ()
-    oversize: int = 0                   # names counted when over MAX_NAMES (then no jobs are kept)
+    claims: tuple[str, ...] = ()        # the JobSet template's volumeClaimPolicies claim template names (R5)
+    ssh_path: str = ""                  # mlPolicy.mpi's sshAuthMountPath, normalised; "" without mlPolicy.mpi (R5)
+    oversize: str = ""                  # why it is too large to check (then nothing but its name is kept)
     # What the rules decided of it for one set of settings: (settings, previous settings, decided).
     memo: list = field(default_factory=lambda: [None], compare=False, repr=False)
 
@@ -105,48 +143,84 @@ class Runtime:
         meta = _obj(obj.get("metadata"))
         spec = _obj(obj.get("spec"))
         found_kind = obj.get("kind") if obj.get("kind") in KINDS else (kind or CLUSTER_KIND)
-        policy = _obj(spec.get("mlPolicy"))
-        jobs, names = [], 0
-        template = _obj(_obj(spec.get("template")).get("spec"))
-        for rj in _list(template.get("replicatedJobs")):
-            pod = _obj(_obj(_obj(_obj(_obj(rj).get("template")).get("spec")).get("template")).get("spec"))
-            containers = _list(pod.get("containers"))
-            inits = _list(pod.get("initContainers"))
-            volumes = _list(pod.get("volumes"))
-            names += len(containers) + len(inits) + len(volumes)
-            mounts = []
-            for c in containers + inits:
-                for m in _list(_obj(c).get("volumeMounts")):
-                    names += 1
-                    mp = _obj(m).get("mountPath")
-                    if isinstance(mp, str) and paths.under_publish_dir(mp):
-                        mounts.append((str(_obj(c).get("name")), mp))
-            if names > MAX_NAMES:
-                break
-            job_name = _obj(rj).get("name")
-            jobs.append(_interned(Job(job_name if isinstance(job_name, str) else "", _names(containers),
-                                      _names(inits),
-                                      tuple(n for n in (_obj(v).get("name") for v in volumes) if isinstance(n, str)),
-                                      tuple(mounts))))
-        return cls(found_kind, str(meta.get("namespace") or "") if found_kind == NAMESPACED_KIND else "",
-                   str(meta.get("name") or ""), str(meta.get("resourceVersion") or ""),
-                   frozenset(k for k, v in policy.items() if v is not None),
-                   () if names > MAX_NAMES else tuple(jobs), names if names > MAX_NAMES else 0)
+        namespace = str(meta.get("namespace") or "")[:253] if found_kind == NAMESPACED_KIND else ""
+        name, version = str(meta.get("name") or "")[:253], str(meta.get("resourceVersion") or "")[:64]
+        try:
+            return cls(found_kind, namespace, name, version, **_taken(spec))
+        except _TooLarge as e:
+            return cls(found_kind, namespace, name, version, oversize=str(e))
 
     def to_bytes(self) -> bytes:
         """The runtime as stored in the shared cache (webhook.store): its resourceVersion, a NUL, then its
         fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
         jobs = tuple((j.name, tuple(sorted(j.containers)), tuple(sorted(j.init_containers)), j.volumes,
-                      j.publish_mounts) for j in self.jobs)
+                      j.publish_mounts, j.node_mounts) for j in self.jobs)
         return self.version.encode() + b"\0" + marshal.dumps(
-            (self.kind, self.namespace, self.name, tuple(sorted(self.policies)), jobs, self.oversize))
+            (self.kind, self.namespace, self.name, tuple(sorted(self.policies)), jobs, self.claims, self.ssh_path,
+             self.oversize))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Runtime":
         version, _, body = bytes(raw).partition(b"\0")
-        kind, namespace, name, policies, jobs, oversize = marshal.loads(body)
+        kind, namespace, name, policies, jobs, claims, ssh_path, oversize = marshal.loads(body)
         return cls(kind, namespace, name, version.decode(), frozenset(policies),
-                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m)) for n, c, i, v, m in jobs), oversize)
+                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m, nm)) for n, c, i, v, m, nm in jobs),
+                   claims, ssh_path, oversize)
+
+
+def _taken(spec: dict) -> dict:
+    """The fields of a Runtime read from a runtime's spec, within the bounds (raises _TooLarge)."""
+    budget = _Budget()
+    policy = _obj(spec.get("mlPolicy"))
+    policies = frozenset(budget.name(k) for k, v in policy.items() if v is not None)
+    mpi = policy.get("mpi")
+    ssh_path = ""
+    if isinstance(mpi, dict):
+        given = mpi.get("sshAuthMountPath")
+        ssh_path = budget.name(_path(given if isinstance(given, str) and given else DEFAULT_SSH_AUTH_MOUNT_PATH))
+    template = _obj(_obj(spec.get("template")).get("spec"))
+    claims = tuple(budget.name(n) for n in (
+        _obj(_obj(t).get("metadata")).get("name")
+        for p in _list(template.get("volumeClaimPolicies")) for t in _list(_obj(p).get("templates")))
+        if isinstance(n, str))
+    replicated = _list(template.get("replicatedJobs"))
+    if len(replicated) > MAX_JOBS:
+        raise _TooLarge(f"it has {len(replicated)} replicated jobs, more than {MAX_JOBS}")
+    return {"policies": policies, "jobs": tuple(_job(_obj(rj), budget) for rj in replicated), "claims": claims,
+            "ssh_path": ssh_path}
+
+
+def _job(rj: dict, budget: _Budget) -> Job:
+    pod = _obj(_obj(_obj(_obj(rj.get("template")).get("spec")).get("template")).get("spec"))
+    containers = _list(pod.get("containers"))
+    inits = _list(pod.get("initContainers"))
+    publish_mounts, node_mounts = [], set()
+    for listed, are_containers in ((containers, True), (inits, False)):
+        for c in listed:
+            c = _obj(c)
+            container = c.get("name")
+            node = are_containers and container == NODE
+            for m in _list(c.get("volumeMounts")):
+                mp = _obj(m).get("mountPath")
+                budget.count()  # every mount costs the walk, kept or not
+                if not isinstance(mp, str):
+                    continue
+                normal = _path(mp)
+                if paths.within(normal, paths.PUBLISH_DIR):
+                    publish_mounts.append((budget.name(str(container)[:253]), budget.name(mp)))
+                if node:
+                    node_mounts.add(normal)
+    job_name = rj.get("name")
+    return _interned(Job(budget.name(job_name) if isinstance(job_name, str) else "",
+                         frozenset(_names(containers, budget)), frozenset(_names(inits, budget)),
+                         tuple(_names(_list(pod.get("volumes")), budget)), tuple(publish_mounts),
+                         tuple(budget.name(p) for p in sorted(node_mounts))))  # counted again: kept too
+
+
+def _path(text: str) -> str:
+    if len(text) > MAX_PATH:
+        raise _TooLarge(f"a mount path is longer than {MAX_PATH} characters")
+    return paths.normalise(text)
 
 
 def stored_version(raw: bytes) -> bytes:
@@ -162,8 +236,8 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
-def _names(items: list) -> frozenset[str]:
-    return frozenset(n for n in (_obj(i).get("name") for i in items) if isinstance(n, str))
+def _names(items: list, budget: _Budget) -> list[str]:
+    return [budget.name(n) for n in (_obj(i).get("name") for i in items) if isinstance(n, str)]
 
 
 class RuntimeSource(Protocol):

@@ -31,6 +31,19 @@ DOMAIN_PREFIXED_PATH = (
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
 )
 
+# What Trainer v2.3.0's plugins mount into the pods after the runtimePatches are merged (SPEC 2). Trainer matches
+# mounts by path, so a credential overlapping one of these would silently replace it or be replaced (found: a
+# credential at /etc/mpi vanished from an MPI launcher).
+TRAINER_PLUGIN_PATHS: tuple[tuple[str, str], ...] = (
+    ("/etc/mpi", "MPI (the hostfile)"),
+    ("/etc/flux-config", "Flux"),
+    ("/curve", "Flux"),
+    ("/mnt/flux", "Flux"),
+    ("/dev/shm", "Flux"),
+    ("/opt/software", "Flux"),
+    ("/var/run/secrets/kubeflow/trainer", "trainjob-status"),
+)
+
 # An example digest, for the example settings and `serve --dev` only.
 EXAMPLE_IMAGE = (
     "registry.gitlab.com/phpboyscout/go/dispatch/publish@sha256:"
@@ -141,8 +154,10 @@ def schema() -> dict:
                         },
                         "secret": {"description": "The Secret's name, in the TrainJob's namespace.",
                                    "type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
-                        "mountPath": {"description": "Absolute; overlapping neither /opt/dispatch (at, under or an"
-                                                     " ancestor of it) nor another credential's.",
+                        "mountPath": {"description": "Absolute; overlapping (at, under or an ancestor of) neither"
+                                                     " /opt/dispatch, another credential's, nor a path Trainer's"
+                                                     " plugins mount (/etc/mpi, /etc/flux-config, /curve, /mnt/flux,"
+                                                     " /dev/shm, /opt/software, /var/run/secrets/kubeflow/trainer).",
                                       "type": "string", "pattern": "^/"},
                     },
                 },
@@ -298,6 +313,11 @@ def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
         if paths.overlaps(mount, paths.PUBLISH_DIR):
             reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
                         f"{mount!r} overlaps {paths.PUBLISH_DIR}, which is reserved for the publish mount")
+        for plugin_path, plugin in TRAINER_PLUGIN_PATHS:
+            if paths.overlaps(mount, plugin_path):
+                reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
+                            f"{mount!r} overlaps {plugin_path}, which Trainer's {plugin} plugin mounts after the"
+                            " runtimePatches merge: choose a path outside it")
         for j in range(i):
             if creds[j]["mountPath"] is not None and paths.overlaps(mount, creds[j]["mountPath"]):
                 reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
