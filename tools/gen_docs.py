@@ -139,17 +139,29 @@ def metrics_page() -> str:
             how = {"livemax": "max over live processes", "max": "max over processes", "livemin": "min over live processes"}
             over = how.get(mode, "summed over workers") if value._type == "gauge" else "summed over workers"
             rows.append((name, value._type, ", ".join(value._labelnames), value._documentation, over))
-    per_runtime = metrics._per_runtime[0]
+    per_runtime, cache = metrics._per_runtime[0], list(metrics._cache)
     metrics.name_runtimes(True)  # every family, the opt-in one too, whatever the process set before
+    kind = {"size": 1, "listed": 1.0, "confirmed": 1.0, "synced": True}  # a keeper's state with every family in it
+    metrics.watch_runtime_cache(lambda: {"kinds": {"ClusterTrainingRuntime": kind}, "starts": 1, "store_bytes": 1,
+                                         "errors": {"get\x1fClusterTrainingRuntime": 1}, "live": {"found": 1},
+                                         "requests": {"list\x1fClusterTrainingRuntime": 1}})
     try:
         families_now = list(metrics.STATE.collect())
     finally:
         metrics.name_runtimes(per_runtime)
+        metrics._cache[:] = cache
+    listed = {r[0] for r in rows}
     for family in families_now:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        if name in listed:
+            continue  # the keeper's API requests, added to the workers' family of that name
         where = "from the worker answering the scrape"
         if family.name == "dispatch_admission_runtime_ready":
             where += "; only with `serve --runtime-metric-labels` (`metrics.runtimeLabels`)"
-        rows.append((family.name, family.type, ", ".join(family._labelnames), family.documentation, where))
+        elif family.name.startswith(("dispatch_admission_runtime_cache", "dispatch_admission_runtime_keeper",
+                                     "dispatch_admission_runtime_live", "dispatch_admission_runtime_store")):
+            where = "from the runtime keeper's state in the store, read at the scrape"
+        rows.append((name, family.type, ", ".join(family._labelnames), family.documentation, where))
     out = [HEADER.format(source="webhook/metrics.py"), "# Metrics reference\n\n",
            "Every metric the server exports. The page [Operations](../operations.md) says how to scrape them and "
            "which alerts use them.\n\n",

@@ -195,6 +195,26 @@ def cmd_serve(args) -> int:
     return server.run(args)
 
 
+def cmd_keep(args) -> int:
+    import logging
+
+    from . import keeper
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format="%(message)s")
+    return keeper.run(args.runtime_store, args.kubeconfig, rate=args.live_reads_per_second,
+                      burst=args.live_reads_burst, fresh=args.fresh, parent=args.parent)
+
+
+def _live_read_flags(p: argparse.ArgumentParser) -> None:
+    from .live_reads import DEFAULT_BURST, DEFAULT_RATE
+
+    p.add_argument("--live-reads-per-second", type=_positive(float), default=DEFAULT_RATE, metavar="N",
+                   help=f"live reads of the API server a second for the whole pod, on a cache miss (default"
+                        f" {DEFAULT_RATE:g}); over it, a review naming a runtime the cache lacks gets ErrUnavailable")
+    p.add_argument("--live-reads-burst", type=_positive(int), default=DEFAULT_BURST, metavar="N",
+                   help=f"live reads at once after a quiet spell (default {DEFAULT_BURST})")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dispatch-admission",
                                 description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount.")
@@ -217,8 +237,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--runtime", action="append", help="runtime YAML file, instead of the Kubernetes API (repeatable)")
     s.add_argument("--kubeconfig", help="kubeconfig for the runtime watch (default: in-cluster, then KUBECONFIG)")
     s.add_argument("--runtime-store", metavar="DIR",
-                   help="where the pod's runtime cache is kept (emptied at start; default: a temporary directory,"
-                        " removed at exit)")
+                   help="where the pod's runtime cache is kept (default: a temporary directory, removed at exit)")
+    s.add_argument("--runtime-keeper", choices=["process", "external"], default="process",
+                   help="process: start `dispatch-admission keep` beside the workers (emptying --runtime-store first);"
+                        " external: another container keeps --runtime-store (the chart's native sidecar)")
+    _live_read_flags(s)
     s.add_argument("--workers", type=_positive(int), default=None,
                    help="gunicorn workers (default: gunicorn's configuration, else 2)")
     s.add_argument("-c", "--gunicorn-config", metavar="FILE",
@@ -257,6 +280,17 @@ def parser() -> argparse.ArgumentParser:
                         " create or write the Secret, nor the caBundle")
     s.add_argument("--namespace", help="namespace of the Secret and Service (default: $POD_NAMESPACE)")
     s.set_defaults(func=cmd_serve)
+
+    k = sub.add_parser("keep", help="the runtime keeper: list and watch the runtimes into the pod's store, and make the"
+                                    " pod's live reads (the chart's sidecar; serve starts one locally)")
+    k.add_argument("--runtime-store", required=True, metavar="DIR", help="the store's directory, shared with serve")
+    k.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then KUBECONFIG)")
+    _live_read_flags(k)
+    k.add_argument("--fresh", action="store_true", help="empty the store first (default: keep what it holds, which"
+                                                        " the workers answer from until the keeper has listed again)")
+    k.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # serve's pid: die with it
+    k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    k.set_defaults(func=cmd_keep)
 
     k = sub.add_parser("certificates", help="self-managed certificates' controller: keep a CA and serving pair in"
                                             " the Secret and the CA in the webhook configurations' caBundle")

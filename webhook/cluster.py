@@ -1,31 +1,36 @@
 """Runtimes from the Kubernetes API: a list-and-watch cache, so a review of a known runtime makes no call.
 
-One cache per pod (webhook.store): the keeper, a process serve's master forks, lists and watches and
-writes; the workers read it (`ClusterRuntimes`). Two workers cost one watch and one copy of the runtimes.
-A miss is confirmed with one live read by the worker before it is reported as not found (SPEC 7).
+One cache per pod (webhook.store): the runtime keeper (webhook.keeper) lists and watches and writes; the
+workers read it (`ClusterRuntimes`). Two workers cost one watch and one copy of the runtimes. A miss is
+confirmed with one live read before it is reported as not found (SPEC 7), made by the keeper for the whole
+pod (webhook.live_reads), so reads of the API server are bounded per pod whatever the reviews name.
+
+What the keeper's reads hold at once is bounded by bytes whatever the runtimes: a list page is parsed item by
+item as it streams in (one runtime object at a time, at most the API server's object size), never whole.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Iterable, Iterator
 
-from . import heap, metrics
+from . import heap
 from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Key, Runtime, RuntimeUnavailable,
                             WouldBlock, stored_version)
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 240
-LIST_PAGE = 500  # a page is parsed whole before its items are taken: smaller pages, a smaller peak
-PAGE_BYTES = 4 << 20  # ... and after a page larger than this, fewer items a page
+LIST_PAGE = 500  # items a list page asks for; a page is parsed item by item as it streams in
+STREAM_CHUNK = 64 * 1024  # bytes read from a list answer at a time
+EDGE_BYTES = 64 * 1024  # the head and tail of a list answer kept to read its metadata (continue, resourceVersion)
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
-NEGATIVE_SECONDS = 1.0  # a miss the API server confirmed is answered from memory this long (no live GET each time)
-NEGATIVE_LIMIT = 10_000  # ... for at most this many names at once (then they are all forgotten)
+NEGATIVE_SECONDS = 1.0  # a miss the keeper confirmed is answered from a worker's memory this long
 FOUND_SECONDS = 5.0  # a runtime a live read found is answered from memory this long (the watch brings it meanwhile)
+REMEMBERED = 10_000  # names a worker remembers at once (found or missing), least recently used forgotten first
 
 
 class Gone(Exception):
@@ -71,14 +76,71 @@ def slim(obj: dict, kind: str) -> Runtime:
     return Runtime.of(obj, kind)
 
 
+class ReadStats:
+    """What the keeper's reads of the API server did, for the serving container to export (webhook.keeper writes
+    a snapshot into the store each second): requests and errors per verb and kind, per kind when it last
+    completed a list and when its cache was last confirmed current (a list, any watch event, a bookmark, a
+    watch the server ended), the runtimes held, and the live reads' outcomes."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.live: dict[str, int] = {}
+        self.kinds: dict[str, dict] = {k: {"size": 0, "listed": 0.0, "confirmed": 0.0, "synced": False} for k in KINDS}
+
+    def request(self, verb: str, kind: str) -> None:
+        self._bump(self.requests, f"{verb}\x1f{kind}")
+
+    def error(self, verb: str, kind: str) -> None:
+        self._bump(self.errors, f"{verb}\x1f{kind}")
+
+    def live_read(self, outcome: str) -> None:
+        self._bump(self.live, outcome)
+
+    def _bump(self, table: dict, key: str) -> None:
+        with self._lock:
+            table[key] = table.get(key, 0) + 1
+
+    def listed(self, kind: str, size: int) -> None:
+        now = self.clock()
+        with self._lock:
+            self.kinds[kind].update(size=size, listed=now, confirmed=now, synced=True)
+
+    def confirmed(self, kind: str, size: int) -> None:
+        with self._lock:
+            self.kinds[kind].update(size=size, confirmed=self.clock())
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"requests": dict(self.requests), "errors": dict(self.errors), "live": dict(self.live),
+                    "kinds": {k: dict(v) for k, v in self.kinds.items()}}
+
+    def resume(self, state: dict) -> None:
+        """Go on from a snapshot (a keeper started again over the store it left): counters stay monotonic for the
+        pod's life, and each kind stays listed as the store holds it, confirmed when it last was."""
+        with self._lock:
+            for name in ("requests", "errors", "live"):
+                table = getattr(self, name)
+                for k, v in (state.get(name) or {}).items():
+                    table[k] = table.get(k, 0) + int(v)
+            for kind, found in (state.get("kinds") or {}).items():
+                if kind in self.kinds and isinstance(found, dict):
+                    self.kinds[kind].update({k: found[k] for k in ("size", "listed", "confirmed", "synced")
+                                             if k in found})
+
+
 class Reflector:
     """List, then watch from the list's resourceVersion; relist on 410 Gone and, with backoff, on errors."""
 
     def __init__(self, kind: str, index, list_fn: ListFn, watch_fn: WatchFn,
-                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None):
+                 sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None,
+                 stats: ReadStats | None = None):
         """`index`: where runtimes go (a RuntimeIndex, or the pod's StoreWriter): put, delete, replace, count."""
         self.kind, self.index, self.list_fn, self.watch_fn, self.sleep = kind, index, list_fn, watch_fn, sleep
         self.backoff = backoff or Backoff()
+        self.stats = stats or ReadStats()
         self.synced = threading.Event()
         self.stopped = threading.Event()
 
@@ -94,16 +156,15 @@ class Reflector:
                 version = listed.version if version is None else version
                 heap.trim()
                 self.synced.set()
-                metrics.get().cache_sync.labels(self.kind).set_to_current_time()
-                metrics.get().cache_size.labels(self.kind).set(count)
+                self.stats.listed(self.kind, count)
                 self.backoff.reset()
                 self._watch(version)
             except Gone:
                 log.info("%s watch expired (410 Gone): relisting", self.kind)
-            except Exception as e:  # API unreachable, bad answer: keep serving the cache, retry later
-                metrics.get().api_errors.labels("list/watch", self.kind).inc()
+            except Exception as e:  # API unreachable, bad answer, store full: keep serving the cache, retry later
+                self.stats.error("list/watch", self.kind)
                 delay = self.backoff.next()
-                log.warning("%s list/watch failed (%s): retrying in %.1fs", self.kind, e, delay)
+                log.warning("%s list/watch failed (%s): retrying in %.1fs", self.kind, str(e)[:300], delay)
                 self.sleep(delay)
 
     def _watch(self, version: str) -> None:
@@ -116,63 +177,102 @@ class Reflector:
                     raise RuntimeError(f"watch error: {obj.get('message', obj)}")
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if kind in ("ADDED", "MODIFIED"):
-                    obj = slim(obj, self.kind)
-                    self.index.put(obj)
+                    self.index.put(slim(obj, self.kind))
                 elif kind == "DELETED":
-                    obj = slim(obj, self.kind)
-                    self.index.delete(obj)
-                metrics.get().cache_size.labels(self.kind).set(self.index.count(self.kind))
+                    self.index.delete(slim(obj, self.kind))
+                self.stats.confirmed(self.kind, self.index.count(self.kind))  # bookmarks confirm too
                 if self.stopped.is_set():
                     return
-            # A watch that ends normally (server timeout) resumes from the last version seen.
+            # A watch the server ends (its timeout) was current until then; resume from the last version seen.
+            self.stats.confirmed(self.kind, self.index.count(self.kind))
 
 
 class Listing:
     """Every runtime of `kind`, page by page (one snapshot: the pages share its resourceVersion), each item
-    cut to its essentials as it arrives; `version` is the list's resourceVersion once the pages are read.
-
-    A page holds LIST_PAGE items, fewer after a page of large ones (near PAGE_BYTES of JSON): runtimes near
-    the size cap are read a few at a time, not hundreds at once."""
+    parsed as it streams in and cut to its essentials at once; `version` is the list's resourceVersion once
+    the pages are read. What is held at once is one item (at most the API server's object size) and the
+    parser's buffer, whatever the page holds."""
 
     def __init__(self, api: "RuntimeAPI", kind: str):
         self.api, self.kind, self.version = api, kind, None
 
     def __iter__(self) -> Iterator[Runtime]:
-        import orjson
-
-        token, version, limit = None, "", LIST_PAGE
+        token, version = None, ""
         while True:
-            metrics.get().api_requests.labels("list", self.kind).inc()
+            self.api.stats.request("list", self.kind)
             kw = {"_continue": token} if token else {}
-            raw = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=limit,
-                                                          _request_timeout=(5, 30), _preload_content=False, **kw).data
-            got = orjson.loads(raw)
-            items = got.get("items") or []
-            if len(raw) > PAGE_BYTES and items:
-                limit = max(1, min(LIST_PAGE, int(len(items) * PAGE_BYTES / len(raw))))
-            meta = got.get("metadata") or {}
+            answer = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=LIST_PAGE,
+                                                             _request_timeout=(5, 60), _preload_content=False, **kw)
+            page = Page(answer)
+            try:
+                for item in page:
+                    yield slim(item, self.kind)
+            finally:
+                answer.release_conn()
+            meta = page.metadata()
             version = meta.get("resourceVersion") or version
             token = meta.get("continue")
-            raw = got = None
-            while items:
-                yield slim(items.pop(), self.kind)
             if not token:
                 self.version = version
                 return
 
 
-class RuntimeAPI:
-    """The three reads of runtimes the webhook makes: list (in pages), watch, and get one."""
+class Page:
+    """One list answer read as a stream: its items one at a time (ijson, yajl's C parser), then its metadata,
+    found in the first or the last EDGE_BYTES of the answer (the API server puts `metadata` before `items`
+    when it streams a list, after them when it sorts an unstructured list's keys)."""
 
-    def __init__(self, api_client):
+    def __init__(self, stream):
+        self.stream = stream
+        self.head = bytearray()
+        self.tail = b""
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson asks for nothing first, to learn whether the stream gives bytes or text
+            return b""
+        data = self.stream.read(size if size > 0 else STREAM_CHUNK)
+        if len(self.head) < EDGE_BYTES:
+            self.head += data[:EDGE_BYTES - len(self.head)]
+        self.tail = (self.tail + data)[-EDGE_BYTES:]
+        return data
+
+    def __iter__(self) -> Iterator[dict]:
+        import ijson
+
+        return ijson.items(self, "items.item", buf_size=STREAM_CHUNK)
+
+    def metadata(self) -> dict:
+        import ijson
+        import orjson
+
+        try:  # metadata first: the head holds it whole, before the items
+            for meta in ijson.items(bytes(self.head), "metadata"):
+                return meta if isinstance(meta, dict) else {}
+        except ijson.IncompleteJSONError:
+            pass
+        at = self.tail.rfind(b'"metadata":')  # metadata last: the answer ends with it and the list's `}`
+        if at < 0:
+            return {}
+        try:
+            meta = orjson.loads(self.tail[at + len(b'"metadata":'):].rstrip()[:-1])
+        except orjson.JSONDecodeError:
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+
+class RuntimeAPI:
+    """The three reads of runtimes the keeper makes: list (in pages), watch, and get one."""
+
+    def __init__(self, api_client, stats: ReadStats | None = None):
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
+        self.stats = stats or ReadStats()
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
-        metrics.get().api_requests.labels("get", kind).inc()
+        self.stats.request("get", kind)
         try:
             if kind == CLUSTER_KIND:
                 return self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
@@ -182,10 +282,10 @@ class RuntimeAPI:
         except ApiException as e:
             if e.status == 404:
                 return None
-            metrics.get().api_errors.labels("get", kind).inc()
+            self.stats.error("get", kind)
             raise RuntimeUnavailable(f"the API server answered {e.status} {e.reason}") from None
         except Exception as e:
-            metrics.get().api_errors.labels("get", kind).inc()
+            self.stats.error("get", kind)
             raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
 
     def list(self, kind: str) -> "Listing":
@@ -195,7 +295,7 @@ class RuntimeAPI:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        metrics.get().api_requests.labels("watch", kind).inc()
+        self.stats.request("watch", kind)
         w = watch.Watch()
         try:
             for event in w.stream(self.api.list_cluster_custom_object, GROUP, VERSION, PLURALS[kind],
@@ -210,32 +310,37 @@ class RuntimeAPI:
             w.stop()
 
 
-class Keeper:
-    """The pod's one list-and-watch per kind, writing into the store (run in the keeper process)."""
+class _Remembered:
+    """Keys remembered until a time, at most REMEMBERED of them (least recently used forgotten first)."""
 
-    def __init__(self, api: RuntimeAPI, store, start: bool = True):
-        self.store = store
-        self.reflectors = {k: Reflector(k, store, api.list, api.watch) for k in KINDS}
-        if start:
-            for r in self.reflectors.values():
-                threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()
+    def __init__(self):
+        self._items: OrderedDict[Key, tuple[float, Runtime | None]] = OrderedDict()
 
-    def stop(self) -> None:
-        for r in self.reflectors.values():
-            r.stopped.set()
+    def get(self, k: Key, now: float):
+        hit = self._items.get(k)
+        if hit is None or now >= hit[0]:
+            return None
+        self._items.move_to_end(k)
+        return hit
+
+    def put(self, k: Key, until: float, runtime: Runtime | None) -> None:
+        self._items[k] = (until, runtime)
+        self._items.move_to_end(k)
+        while len(self._items) > REMEMBERED:
+            self._items.popitem(last=False)
 
 
 class ClusterRuntimes:
-    """The RuntimeSource for a cluster, in a worker: the pod's store, with one live read to confirm a miss.
+    """The RuntimeSource for a cluster, in a worker: the pod's store, with one live read to confirm a miss,
+    made by the pod's keeper (`live`: webhook.live_reads.LiveReads, bounded per pod; None: none is made).
 
-    A runtime found by a live read (created since the keeper last wrote) is kept here for a few seconds,
-    until the watch brings it to the store; a confirmed miss is remembered for a second."""
+    What a live read answers is remembered here too, a few seconds for a runtime found (until the watch brings
+    it to the store), a second for a miss, so a review answered on the worker's loop rarely needs a thread."""
 
-    def __init__(self, store, api: RuntimeAPI | None, clock: Callable[[], float] = time.monotonic):
-        self.store, self.api, self.clock = store, api, clock
+    def __init__(self, store, live, clock: Callable[[], float] = time.monotonic):
+        self.store, self.live, self.clock = store, live, clock
         self._synced: set[str] = set()
-        self._missing: dict[tuple[str, str, str], float] = {}  # key -> until when it is known not to exist
-        self._found: dict[tuple[str, str, str], tuple[float, Runtime]] = {}  # key -> (until when, live read)
+        self._known = _Remembered()
         self._judged: dict[bytes, tuple[bytes, object, bool]] = {}  # for readiness(): version, settings, verdict
 
     def synced(self, kind: str) -> bool:
@@ -269,56 +374,15 @@ class ClusterRuntimes:
         if found is not None:
             return found
         key = (kind, namespace, name)
-        now = self.clock()
-        until = self._missing.get(key)
-        if until is not None and now < until:
-            return None  # the negative cache: a name probed again and again costs the API server one GET a second
-        live = self._found.get(key)
-        if live is not None and now < live[0]:
-            return live[1]
+        known = self._known.get(key, self.clock())
+        if known is not None:
+            return known[1]  # a name probed again and again costs the pod one live read a second
         if not blocking_allowed():
             raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
-        obj = self.api.get(kind, namespace, name) if self.api is not None else None
-        for table in (self._missing, self._found):
-            if len(table) >= NEGATIVE_LIMIT:
-                table.clear()
-        if obj is None:
-            self._missing[key] = self.clock() + NEGATIVE_SECONDS
-            self._found.pop(key, None)
-            return None
-        self._missing.pop(key, None)
-        runtime = slim(obj, kind)
-        self._found[key] = (self.clock() + FOUND_SECONDS, runtime)
+        got = self.live.get(kind, namespace, name) if self.live is not None else None
+        runtime = None if got is None else slim(got, kind)
+        self._known.put(key, self.clock() + (NEGATIVE_SECONDS if runtime is None else FOUND_SECONDS), runtime)
         return runtime
-
-
-def keep(directory: str, kubeconfig: str | None, parent: int) -> None:
-    """The keeper process: the pod's watch, writing the store in `directory`, until its parent is gone."""
-    from .store import StoreWriter
-
-    _die_with_parent(parent)
-    for kind in KINDS:  # first: a scrape while the client and the store are made already says "not synced"
-        metrics.get().cache_synced.labels(kind).set(0)
-    keeper = Keeper(RuntimeAPI(api_client(kubeconfig)), StoreWriter(directory))
-    while os.getppid() == parent:
-        for kind, reflector in keeper.reflectors.items():
-            if reflector.synced.is_set():
-                metrics.get().cache_synced.labels(kind).set(1)
-        keeper.store.reader_check()
-        time.sleep(1)
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM when the master dies, however it dies (prctl PR_SET_PDEATHSIG); the loop above checks too."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 def api_client(kubeconfig: str | None, prefer_kubeconfig: bool = False):

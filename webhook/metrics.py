@@ -7,6 +7,11 @@ PROMETHEUS_MULTIPROC_DIR, a fresh directory when unset): a scrape answered by an
 (or min/max) over the live workers. `get()` answers the families, made single-process on first use where
 `start()` was never called (tests, the offline commands).
 
+The runtime cache's families are read at scrape time from the state the keeper writes into the store
+(webhook.keeper): the keeper is another process, in the cluster another container, with no port of its
+own; its requests to the API server are added to dispatch_admission_api_requests_total and
+dispatch_admission_api_errors_total beside the workers' own (the settings ConfigMap's).
+
 Three families describe state every worker holds (the serving certificate it loaded, the runtimes of
 the pod's cache judged with the settings it holds, whether its latest settings could be used) and are
 reported at scrape time by the worker that answers, rather than through the multiprocess files: a
@@ -21,8 +26,13 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_bad_requests_total{code}                       counter (4xx before review)
 - dispatch_admission_would_deny_total{sentinel,rule}                counter (warn mode, SPEC 8.1)
 - dispatch_admission_runtime_cache_size{kind}                       gauge (from the keeper, the pod's one watch)
-- dispatch_admission_runtime_cache_last_sync_timestamp_seconds{kind} gauge (max)
-- dispatch_admission_runtime_cache_synced{kind}                     gauge 0/1 (min over live processes)
+- dispatch_admission_runtime_cache_last_sync_timestamp_seconds{kind} gauge, when the keeper last completed a list
+- dispatch_admission_runtime_cache_synced{kind}                     gauge 0/1 (the store has completed a first list)
+- dispatch_admission_runtime_cache_age_seconds{kind}                gauge, since the cache was last confirmed current
+- dispatch_admission_runtime_keeper_starts_total                    counter, keepers started on the pod's store
+- dispatch_admission_runtime_keeper_errors_total{operation,kind}    counter, the keeper's failed lists, watches, writes
+- dispatch_admission_runtime_live_reads_total{outcome}              counter, live reads on a miss, for the whole pod
+- dispatch_admission_runtime_store_bytes                            gauge, what the store's file uses
 - dispatch_admission_runtimes_cannot_carry{kind}                     gauge, runtimes that cannot carry (SPEC 8.3)
 - dispatch_admission_runtime_ready{kind,namespace,name}             gauge 0/1 (SPEC 8.3), only with
   `serve --runtime-metric-labels`: by default /metrics names no runtime (no tenant's names leak through it,
@@ -46,7 +56,7 @@ from typing import Callable, Iterable, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest, multiprocess, values)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -67,14 +77,6 @@ class Metrics:
         self.would_deny = Counter("dispatch_admission_would_deny_total",
                                   "Causes the enforce mode would have denied, admitted in warn mode (SPEC 8.1).",
                                   ["sentinel", "rule"], registry=r)
-        self.cache_size = Gauge("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.", ["kind"],
-                                multiprocess_mode="livemax", registry=r)
-        self.cache_sync = Gauge("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
-                                "When the runtime cache last completed a list.", ["kind"], multiprocess_mode="max",
-                                registry=r)
-        self.cache_synced = Gauge("dispatch_admission_runtime_cache_synced",
-                                  "1 when the runtime cache has completed its first list, else 0.",
-                                  ["kind"], multiprocess_mode="livemin", registry=r)
         self.client_timeouts = Counter("dispatch_admission_client_timeouts_total",
                                        "Connections closed because the client was too slow: stage is handshake, "
                                        "request (head and body not sent in time) or write (the answer not read).",
@@ -135,6 +137,14 @@ _certificates: list[Callable[[], dict[str, float]]] = []
 _settings_valid = [True]
 
 _per_runtime = [False]
+# The runtime cache's state, read at scrape time: (the keeper's state as it wrote it, whether a kind is listed).
+_cache: list[tuple[Callable[[], dict], Callable[[str], bool]]] = []
+KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
+
+
+def watch_runtime_cache(state: Callable[[], dict] | None, synced: Callable[[str], bool] = lambda kind: True) -> None:
+    """Report the runtime cache from `state()` (webhook.store.STATE's shape) at each scrape; None stops."""
+    _cache[:] = [(state, synced)] if state else []
 
 
 def set_settings_valid(valid: bool) -> None:
@@ -192,19 +202,100 @@ class _State(Collector):
             for (kind, namespace, name), ok in items:
                 ready.add_metric([kind, namespace, name], 1.0 if ok else 0.0)
             yield ready
+        yield from _cache_families()
         yield GaugeMetricFamily("dispatch_admission_settings_valid",
                                 "0 when the latest settings could not be used and the last good ones are kept"
                                 " (SPEC 2.1), else 1.", value=1.0 if _settings_valid[0] else 0.0)
 
 
+def _cache_families() -> Iterator[Metric]:
+    """The runtime cache, from the keeper's state in the store (see the module doc)."""
+    import time
+
+    for state_of, synced_of in _cache:
+        try:
+            state = state_of() or {}
+        except Exception:  # a scrape never fails over this
+            log.exception("reading the runtime keeper's state")
+            state = {}
+        kinds = state.get("kinds") or {}
+        families = {
+            "size": GaugeMetricFamily("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.",
+                                      labels=["kind"]),
+            "listed": GaugeMetricFamily("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+                                        "When the runtime keeper last completed a list (Unix time).", labels=["kind"]),
+            "age": GaugeMetricFamily("dispatch_admission_runtime_cache_age_seconds",
+                                     "Seconds since the runtime cache was last confirmed current (a list, a watch event"
+                                     " or bookmark, a watch the API server ended): grows while the keeper is down or"
+                                     " its watch is stuck.", labels=["kind"]),
+        }
+        synced = GaugeMetricFamily("dispatch_admission_runtime_cache_synced",
+                                   "1 when the runtime cache has completed its first list, else 0.", labels=["kind"])
+        now = time.time()
+        for kind in KINDS:
+            found = kinds.get(kind) or {}
+            synced.add_metric([kind], 1.0 if synced_of(kind) else 0.0)
+            if found.get("synced"):
+                families["size"].add_metric([kind], float(found.get("size", 0)))
+                families["listed"].add_metric([kind], float(found.get("listed", 0)))
+            if found.get("confirmed"):
+                families["age"].add_metric([kind], max(0.0, now - float(found["confirmed"])))
+        yield from families.values()
+        yield synced
+        yield CounterMetricFamily("dispatch_admission_runtime_keeper_starts",
+                                  "Runtime keepers started on this pod's store (each restart adds one).",
+                                  value=float(state.get("starts", 0)))
+        errors = CounterMetricFamily("dispatch_admission_runtime_keeper_errors",
+                                     "The runtime keeper's failed lists and watches (list/watch), live reads (get) and"
+                                     " store writes (store).", labels=["operation", "kind"])
+        for k, v in sorted((state.get("errors") or {}).items()):
+            errors.add_metric(k.split("\x1f", 1), float(v))
+        yield errors
+        live = CounterMetricFamily("dispatch_admission_runtime_live_reads",
+                                   "Live reads of runtimes the cache lacks, for the whole pod, by outcome: found,"
+                                   " missing, limited (over the pod's rate: ErrUnavailable), busy, unavailable.",
+                                   labels=["outcome"])
+        for k, v in sorted((state.get("live") or {}).items()):
+            live.add_metric([k], float(v))
+        yield live
+        if "store_bytes" in state:
+            yield GaugeMetricFamily("dispatch_admission_runtime_store_bytes", "Bytes the runtime store's file uses.",
+                                    value=float(state["store_bytes"]))
+        for table, name, text in (("requests", "dispatch_admission_api_requests", "Requests to the Kubernetes API."),
+                                  ("errors", "dispatch_admission_api_errors", "Failed requests to the Kubernetes API.")):
+            family = CounterMetricFamily(name, text, labels=["verb", "kind"])  # merged into the workers' family
+            for k, v in sorted((state.get(table) or {}).items()):
+                verb, _, kind = k.partition("\x1f")
+                if kind in KINDS:
+                    family.add_metric([verb, kind], float(v))
+            if family.samples:
+                yield family
+
+
 STATE = _State()
+
+
+class _Merged:
+    """What `generate_latest` reads: the families of several collectors, those of one name made one (the keeper's
+    API requests join the workers' family of the same name)."""
+
+    def __init__(self, *collectors):
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for collector in self.collectors:
+            for family in collector.collect():
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    merged[family.name] = family
+        return iter(merged.values())
 
 
 def exposition() -> tuple[bytes, str]:
     if _directory is not None:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=_directory)
-        registry.register(STATE)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+        workers = multiprocess.MultiProcessCollector(None, path=_directory)
+        return generate_latest(_Merged(workers, STATE)), CONTENT_TYPE_LATEST  # type: ignore[arg-type]
     get()
-    return generate_latest(), CONTENT_TYPE_LATEST
+    return generate_latest(_Merged(REGISTRY)), CONTENT_TYPE_LATEST  # type: ignore[arg-type]

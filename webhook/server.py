@@ -437,13 +437,16 @@ def _runtime_source(opts: _Options, current: Callable[[], Settings], store_direc
     if opts.runtime_files:
         index = load_runtimes(opts.runtime_files)
         metrics.judge_runtimes(lambda: ((r.key, can_carry(r)) for r in index))
-        for kind in KINDS:
-            metrics.get().cache_synced.labels(kind).set(1)  # files are read whole before serving
+        files = {"kinds": {kind: {"synced": True, "size": index.count(kind)} for kind in KINDS}}
+        metrics.watch_runtime_cache(lambda: files)  # files are read whole before serving
         return index
-    from .cluster import ClusterRuntimes, RuntimeAPI, api_client
+    from .cluster import ClusterRuntimes
+    from .live_reads import LiveReads
     from .store import StoreReader
 
-    source = ClusterRuntimes(StoreReader(store_directory), RuntimeAPI(api_client(opts.kubeconfig)))
+    store = StoreReader(store_directory)
+    source = ClusterRuntimes(store, LiveReads(store_directory))
+    metrics.watch_runtime_cache(store.state, source.synced)
     metrics.judge_runtimes(lambda: source.readiness(can_carry, current))
     return source
 
@@ -483,92 +486,39 @@ def _self_managed_certificates(opts: _Options) -> None:
     threading.Thread(target=loop, name="certificate-refresh", daemon=True).start()
 
 
-class Companion:
-    """A process the master forks and keeps alive beside the workers: the runtime keeper. The master checks
-    it each time it checks its workers (about once a second) and forks another when it has exited."""
+def _start_keeper(directory: str, kubeconfig: str | None, args, master: int) -> None:
+    """Locally, the runtime keeper is a child process of serve's (`dispatch-admission keep`), stopped with it and
+    not restarted: in the cluster it is a container of its own, which Kubernetes restarts with backoff."""
+    import subprocess
 
-    def __init__(self, name: str, main: Callable[[int], None]):
-        self.name, self.main = name, main
-        self.pid: int | None = None
-        self.pidfd: int | None = None
+    command = [sys.executable, "-m", "webhook", "keep", "--runtime-store", directory, "--parent", str(master),
+               "--live-reads-per-second", str(getattr(args, "live_reads_per_second", 10.0)),
+               "--live-reads-burst", str(getattr(args, "live_reads_burst", 20)),
+               "--log-level", getattr(args, "log_level", "info")]
+    if kubeconfig:
+        command += ["--kubeconfig", kubeconfig]
+    keeper = subprocess.Popen(command)
 
-    def ensure(self, arbiter) -> None:
-        import select
-
-        if self.pidfd is not None:
-            if not select.select([self.pidfd], [], [], 0)[0]:
-                return
-            os.close(self.pidfd)
-            self.pidfd = None
-            from prometheus_client import multiprocess
-
-            multiprocess.mark_process_dead(self.pid)  # its live gauges leave the sums
-            log.warning(json.dumps({"msg": f"{self.name} exited: starting another", "pid": self.pid}))
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
+    def stop() -> None:
+        if os.getpid() == master and keeper.poll() is None:
+            keeper.terminate()
             try:
-                self._child(arbiter)
-                self.main(parent)
-                code = 0
-            except BaseException:
-                log.exception("%s failed", self.name)
-            finally:
-                os._exit(code)
-        self.pid, self.pidfd = pid, os.pidfd_open(pid)
-        log.info(json.dumps({"msg": f"{self.name} started", "pid": pid}))
+                keeper.wait(5)
+            except subprocess.TimeoutExpired:
+                keeper.kill()
 
-    def _child(self, arbiter) -> None:
-        """Leave the master's role behind: its signal handlers and wake-up pipe, and its listening sockets."""
-        import signal
-
-        signal.set_wakeup_fd(-1)
-        for sig in [*arbiter.SIGNALS, signal.SIGCHLD]:
-            signal.signal(sig, signal.SIG_DFL)
-        for listener in arbiter.LISTENERS:
-            listener.close()
-        for fd in getattr(arbiter, "PIPE", []) or []:
-            os.close(fd)
-        try:
-            from gunicorn import util
-
-            util._setproctitle(f"{self.name} [{arbiter.proc_name}]")
-        except Exception:
-            pass
-
-    def stop(self) -> None:
-        import signal
-
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    atexit.register(stop)
 
 
 def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, workers: int | None, certfile: str,
                          keyfile: str, tls, config_file: str | None = None, metrics_bind: str | None = None,
                          metrics_address: tuple[str, int] | None = None, read_timeout: float = DEFAULT_READ_TIMEOUT,
                          max_body: int = DEFAULT_MAX_BODY, max_body_in_flight: int = 0,
-                         ops: Callable[[Callable], Callable] | None = None, companion: Companion | None = None,
+                         ops: Callable[[Callable], Callable] | None = None,
                          metrics_tls: Callable[[], object] | None = None):
     """A gunicorn Application serving `load()` with the webhook's worker, settings and TLS (bench/baseline.py
-    serves its app with this too, so the two are compared on equal terms); `companion`, a process the master
-    keeps alive beside the workers."""
+    serves its app with this too, so the two are compared on equal terms)."""
     from gunicorn.app.base import Application
-    from gunicorn.arbiter import Arbiter
-
-    class Master(Arbiter):
-        def manage_workers(self):
-            if companion is not None:
-                companion.ensure(self)
-            super().manage_workers()
-
-        def halt(self, reason=None, exit_status=0):
-            if companion is not None:
-                companion.stop()
-            super().halt(reason, exit_status)
 
     from . import gunicorn_config
     from .worker import WorkerOptions
@@ -594,12 +544,6 @@ def gunicorn_application(load: Callable[[], Callable], *, bind: str | None, work
         def metrics_app(self):
             """The WSGI app of the metrics listener, made in the worker after the main one."""
             return ops(self.wsgi()) if ops else None
-
-        def run(self):
-            import gunicorn.app.base
-
-            gunicorn.app.base.Arbiter = Master  # BaseApplication.run makes its master by this name; gunicorn has no hook
-            super().run()
 
     return Server()
 
@@ -655,21 +599,26 @@ def run(args) -> int:
         metrics_tls = certs.ReloadingContext(certfile, keyfile, None, cafile=str(opts.cert_dir / "ca.crt"),
                                              **tls_options).get
         ops = lambda main: ops_app(main, MetricsAuth(lambda: api_client(opts.kubeconfig)))  # noqa: E731
-    companion = store_directory = None
+    store_directory = None
+    master = os.getpid()
     if not opts.runtime_files:  # the pod's one runtime cache: the keeper writes it, the workers read it
-        import kubernetes.client  # noqa: F401  imported once, here: the keeper and the workers share its pages
+        import kubernetes.client  # noqa: F401  imported once, here: the workers share its pages (live settings)
         import kubernetes.config  # noqa: F401
         import kubernetes.watch  # noqa: F401
 
         from . import store
-        from .cluster import keep
 
         given = getattr(args, "runtime_store", None)
-        store_directory = store.prepare(given)
+        external = getattr(args, "runtime_keeper", "process") == "external"
+        if external and not given:
+            print("dispatch-admission serve: --runtime-keeper external needs --runtime-store, the directory the other"
+                  " container keeps", file=sys.stderr)
+            return 2
+        store_directory = store.prepare(given, fresh=not external)
         if not given:
             atexit.register(lambda: os.getpid() == master and shutil.rmtree(store_directory, ignore_errors=True))
-        companion = Companion("runtime keeper", lambda parent: keep(store_directory, opts.kubeconfig, parent))
-    master = os.getpid()
+        if not external:
+            _start_keeper(store_directory, opts.kubeconfig, args, master)
 
     def load():  # in each worker, after fork
         metrics.watch_certificates(tls.expiry)
@@ -688,7 +637,7 @@ def run(args) -> int:
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,
                                   metrics_address=opts.metrics_address, read_timeout=opts.read_timeout,
                                   max_body=opts.max_body, max_body_in_flight=opts.max_body_in_flight, ops=ops,
-                                  companion=companion, metrics_tls=metrics_tls)
+                                  metrics_tls=metrics_tls)
     cfg = server.cfg
     log.info(json.dumps({"msg": "starting", "bind": cfg.bind, "workers": cfg.workers, "threads": cfg.threads,
                          "read_timeout": opts.read_timeout, "keepalive": cfg.keepalive,

@@ -25,7 +25,7 @@ def ready_series() -> dict:
 @pytest.fixture
 def store(tmp_path):
     writer = StoreWriter(str(tmp_path))
-    yield writer, ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), api=None)
+    yield writer, ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), live=None)
     metrics.judge_runtimes(None)
 
 

@@ -1,0 +1,167 @@
+"""Live reads on a cache miss, bounded per pod (issue 33, item 3): the keeper's answers (one read in flight per
+name, a token bucket, a cap on reads at once, what it found and missed remembered) and the worker's side over
+a real Unix socket."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from webhook import live_reads
+from webhook.cluster import ClusterRuntimes, NoBlocking
+from webhook.core.runtimes import Runtime, RuntimeUnavailable, WouldBlock
+from webhook.store import StoreReader, StoreWriter
+from tests.helpers import runtime
+
+KIND = "ClusterTrainingRuntime"
+
+
+class API:
+    """The API server's GET, counted; `slow` makes each read wait (reads in flight overlap)."""
+
+    def __init__(self, found=(), slow: float = 0.0, fail: Exception | None = None):
+        self.found, self.slow, self.fail = set(found), slow, fail
+        self.reads: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def get(self, kind, namespace, name):
+        with self._lock:
+            self.reads.append((kind, namespace, name))
+        if self.slow:
+            time.sleep(self.slow)
+        if self.fail:
+            raise self.fail
+        return runtime(name) if name in self.found else None
+
+
+def test_a_name_that_cannot_exist_is_missing_without_a_read():
+    api = API()
+    answers = live_reads.Answers(api.get)
+    for name in ("UPPER", "a" * 254, "", "x/y", "-lead", "sp ace", "\u0430bc"):
+        assert answers.answer(KIND, "", name)[0] == "missing"
+    assert answers.answer("TrainingRuntime", "Not_A_Namespace", "ok")[0] == "missing"
+    assert answers.answer("Pod", "", "ok")[0] == "missing"
+    assert api.reads == []
+
+
+def test_over_the_rate_the_answer_is_limited_at_once():
+    now = [0.0]
+    api = API()
+    answers = live_reads.Answers(api.get, rate=2.0, burst=3, clock=lambda: now[0])
+    got = [answers.answer(KIND, "", f"random-{i}")[0] for i in range(10)]
+    assert got == ["missing"] * 3 + ["limited"] * 7 and len(api.reads) == 3
+    now[0] += 1.0  # two more tokens a second later
+    got = [answers.answer(KIND, "", f"later-{i}")[0] for i in range(4)]
+    assert got == ["missing", "missing", "limited", "limited"] and len(api.reads) == 5
+
+
+def test_one_read_in_flight_per_name_shared_by_every_asker():
+    api = API(found={"new"}, slow=0.3)
+    answers = live_reads.Answers(api.get, rate=100, burst=100)
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(answers.answer(KIND, "", "new"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(api.reads) == 1, "eight askers, one read"
+    assert [r[0] for r in results] == ["found"] * 8
+    assert Runtime.from_bytes(results[0][1]).name == "new"
+
+
+def test_reads_at_once_are_capped():
+    api = API(slow=0.5)
+    answers = live_reads.Answers(api.get, rate=100, burst=100, in_flight=2)
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(answers.answer(KIND, "", f"n{i}")[0]))
+               for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["busy"] * 3 + ["missing"] * 2 and len(api.reads) == 2
+
+
+def test_found_and_missing_are_remembered_for_a_while():
+    now = [0.0]
+    api = API(found={"new"})
+    answers = live_reads.Answers(api.get, rate=100, burst=100, clock=lambda: now[0])
+    for _ in range(3):
+        assert answers.answer(KIND, "", "new")[0] == "found"
+        assert answers.answer(KIND, "", "gone")[0] == "missing"
+    assert len(api.reads) == 2
+    now[0] += live_reads.MISSING_SECONDS
+    answers.answer(KIND, "", "gone")
+    answers.answer(KIND, "", "new")
+    assert len(api.reads) == 3, "a miss is read again after a second, a runtime found after five"
+    now[0] += live_reads.FOUND_SECONDS
+    answers.answer(KIND, "", "new")
+    assert len(api.reads) == 4
+
+
+def test_an_api_error_is_unavailable_and_not_remembered():
+    api = API(fail=RuntimeUnavailable("the API server answered 500"))
+    answers = live_reads.Answers(api.get, rate=100, burst=100)
+    for _ in range(2):
+        outcome, why = answers.answer(KIND, "", "x")
+        assert outcome == "unavailable" and b"500" in why
+    assert len(api.reads) == 2
+
+
+@pytest.fixture
+def keeper_socket(tmp_path):
+    """A keeper's socket answering from `API`, and the worker's side of it."""
+    made = []
+
+    def start(api: API, **kw):
+        server = live_reads.Server(str(tmp_path), live_reads.Answers(api.get, **kw))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        made.append(server)
+        return live_reads.LiveReads(str(tmp_path))
+
+    yield start
+    for server in made:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_worker_asks_the_keeper_over_its_socket(keeper_socket):
+    api = API(found={"new"})
+    reads = keeper_socket(api, rate=1.0, burst=2)
+    assert reads.get(KIND, "", "new").name == "new"
+    assert reads.get(KIND, "", "absent") is None
+    with pytest.raises(RuntimeUnavailable, match="over their limit"):
+        reads.get(KIND, "", "third")
+    assert reads.get(KIND, "", "new").name == "new", "remembered: no token needed"
+    assert reads.get(KIND, "", "Not-Valid") is None
+    assert len(api.reads) == 2
+
+
+def test_no_keeper_is_unavailable_not_missing(tmp_path):
+    with pytest.raises(RuntimeUnavailable, match="keeper cannot be asked"):
+        live_reads.LiveReads(str(tmp_path)).get(KIND, "", "any")
+
+
+def test_a_cached_runtime_is_answered_whatever_the_live_reads(tmp_path, keeper_socket):
+    """Over the pod's rate, a review naming a runtime the store holds is answered as ever; one the store lacks
+    gets ErrUnavailable (503) for that review only."""
+    from tests.helpers import admission, answer, trainjob
+
+    writer = StoreWriter(str(tmp_path))
+    for kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
+        writer.replace(kind, [runtime("torch-distributed")] if kind == KIND else [])
+    api = API()
+    source = ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), keeper_socket(api, rate=0.001, burst=1))
+    adm = admission(runtimes=source)
+    assert answer(adm, trainjob(runtime_name="random-1"))["status"]["code"] == 404
+    limited = answer(adm, trainjob(runtime_name="random-2"))
+    assert limited["status"]["code"] == 503 and "over their limit" in limited["status"]["message"]
+    for _ in range(20):
+        assert answer(adm, trainjob())["allowed"]
+    with NoBlocking():  # the worker remembers the miss a second: no thread, no socket
+        assert answer(adm, trainjob(runtime_name="random-1"))["status"]["code"] == 404
+        with pytest.raises(WouldBlock):
+            answer(adm, trainjob(runtime_name="random-3"))
+    assert len(api.reads) == 1
