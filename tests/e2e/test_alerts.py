@@ -143,6 +143,52 @@ def unit_tests(rules: dict) -> list[dict]:
          (f'dispatch_admission_runtime_cache_synced{{{OTHER},kind="ClusterTrainingRuntime"}}', "0x10")],
         [("10m", [])])
 
+    # The runtime cache not confirmed current (its keeper down, or its watch stuck): the age grows a minute a minute.
+    r = a["DispatchAdmissionRuntimeCacheStale"]
+    add(r["alert"], "fires 5m after the age passes 600s",
+        [(f'dispatch_admission_runtime_cache_age_seconds{{{SERIES},{POD},kind="TrainingRuntime"}}', "300+60x20"),
+         (f'dispatch_admission_runtime_cache_age_seconds{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}', "30x20")],
+        [("8m", []), ("11m", [firing(r, {**ns, **POD_LABELS, "kind": "TrainingRuntime"}, "16m 0s")])])
+    add(r["alert"], "quiet while bookmarks keep it young, and for other releases",
+        [(f'dispatch_admission_runtime_cache_age_seconds{{{SERIES},{POD},kind="TrainingRuntime"}}',
+          "0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60"),
+         (f'dispatch_admission_runtime_cache_age_seconds{{{OTHER},kind="TrainingRuntime"}}', "3000+60x20")],
+        [("19m", [])])
+
+    # The runtime keeper restarting.
+    r = a["DispatchAdmissionRuntimeKeeperRestarting"]
+    add(r["alert"], "fires on a third start within 30m",
+        [(f'dispatch_admission_runtime_keeper_starts_total{{{SERIES},{POD}}}', "1 1 2 2 3 3 4 4 4 4 4 4")],
+        [("3m", []), ("6m", [firing(r, {**ns, **POD_LABELS}, "3")])])
+    add(r["alert"], "quiet on one restart, and for other releases",
+        [(f'dispatch_admission_runtime_keeper_starts_total{{{SERIES},{POD}}}', "1 1 1 2 2 2 2 2 2 2"),
+         (f'dispatch_admission_runtime_keeper_starts_total{{{OTHER}}}', "1+1x10")],
+        [("9m", [])])
+
+    # The keeper's lists, watches, reads or writes failing.
+    r = a["DispatchAdmissionRuntimeKeeperErrors"]
+    add(r["alert"], "fires on errors that last",
+        [(f'dispatch_admission_runtime_keeper_errors_total{{{SERIES},{POD},operation="list/watch",kind="TrainingRuntime"}}',
+          "0+1x40")],
+        [("10m", []), ("31m", [firing(r, {**ns, **POD_LABELS, "operation": "list/watch", "kind": "TrainingRuntime"},
+                                      "15")])])
+    add(r["alert"], "quiet on a few reconnects, and for other releases",
+        [(f'dispatch_admission_runtime_keeper_errors_total{{{SERIES},{POD},operation="list/watch",kind="TrainingRuntime"}}',
+          "0 1 1 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"),
+         (f'dispatch_admission_runtime_keeper_errors_total{{{OTHER},operation="get",kind="TrainingRuntime"}}', "0+9x40")],
+        [("39m", [])])
+
+    # Live reads refused over the pod's limit.
+    r = a["DispatchAdmissionLiveReadsLimited"]
+    add(r["alert"], "fires on limited or busy live reads",
+        [(f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="limited"}}', "0 0 0 0 0 50 100 100 100 100"),
+         (f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="found"}}', "0+3x10")],
+        [("4m", []), ("7m", [firing(r, {**ns, **POD_LABELS}, "100")])])
+    add(r["alert"], "quiet on live reads within the limit, and for other releases",
+        [(f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="missing"}}', "0+20x10"),
+         (f'dispatch_admission_runtime_live_reads_total{{{OTHER},outcome="limited"}}', "0+20x10")],
+        [("9m", [])])
+
     # A certificate expiring within 14 days (promtool's clock starts at Unix time 0).
     r = a["DispatchAdmissionCertificateExpiring"]
     thirteen_days, thirty_days = 13 * 86400, 30 * 86400
@@ -228,7 +274,9 @@ def promtool_run(promtool, *args, cwd: Path) -> subprocess.CompletedProcess:
 def test_promtool_checks_the_rendered_rules(helm, promtool, tmp_path):
     rules = write_rules(helm, tmp_path)
     got = promtool_run(promtool, "check", "rules", str(rules), cwd=tmp_path)
-    assert got.returncode == 0 and "SUCCESS: 8 rules found" in got.stdout, got.stdout + got.stderr
+    count = len(alert_rules(yaml.safe_load(rules.read_text())))  # every alert of values.yaml, on by default
+    assert count == len(yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"])
+    assert got.returncode == 0 and f"SUCCESS: {count} rules found" in got.stdout, got.stdout + got.stderr
 
 
 @pytest.mark.parametrize("runtime_labels", [False, True], ids=["counts", "runtime-labels"])
@@ -243,7 +291,7 @@ def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path
 def test_each_alert_has_a_firing_and_a_quiet_unit_test(helm, tmp_path):
     rules = rendered_rules(helm, tmp_path)
     names = set(alert_rules(rules))
-    assert len(names) == 8
+    assert len(names) == len(yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"])
     fires, quiet = set(), set()
     for test in unit_tests(rules):
         for check in test["alert_rule_test"]:
@@ -255,14 +303,16 @@ def test_the_unit_tests_catch_broken_thresholds(helm, promtool, tmp_path):
     """Rendered with other thresholds, the same unit tests fail: they test the thresholds, not just syntax."""
     broken = {"webhook": {"timeoutSeconds": 30},  # p99 9.95s is then below 15s
               "prometheusRule": {"alerts": {"certificateExpiry": {"days": 1}, "admissionErrors": {"threshold": 5},
-                                            "wouldDeny": {"threshold": 5}}}}
+                                            "wouldDeny": {"threshold": 5}, "cacheStale": {"seconds": 3600},
+                                            "keeperRestarts": {"threshold": 5}}}}
     good = rendered_rules(helm, tmp_path)
     rules_file = write_rules(helm, tmp_path, broken, name="broken.yaml")
     tests = write_unit_tests(tmp_path, rules_file, good, name="broken-tests.yaml")
     got = promtool_run(promtool, "test", "rules", str(tests), cwd=tmp_path)
     assert got.returncode != 0
     for alert in ("DispatchAdmissionSlowReviews", "DispatchAdmissionCertificateExpiring", "DispatchAdmissionErrors",
-                  "DispatchAdmissionWouldDeny"):
+                  "DispatchAdmissionWouldDeny", "DispatchAdmissionRuntimeCacheStale",
+                  "DispatchAdmissionRuntimeKeeperRestarting"):
         assert f"alertname: {alert}" in got.stdout + got.stderr, got.stdout + got.stderr
 
 
@@ -271,7 +321,8 @@ def test_alerts_can_be_turned_off_and_retuned(helm, tmp_path):
         "selector": 'service="x"', "alerts": {"wouldDeny": {"enabled": False},
                                              "slowReviews": {"thresholdSeconds": 2.5, "for": "3m", "severity": "page"}}}})
     a = alert_rules(rules)
-    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 7
+    every = len(yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"])
+    assert "DispatchAdmissionWouldDeny" not in a and len(a) == every - 1
     slow = a["DispatchAdmissionSlowReviews"]
     assert slow["expr"].endswith("> 2.5") and slow["for"] == "3m" and slow["labels"] == {"severity": "page"}
     assert '{service="x"}' in slow["expr"]
@@ -341,7 +392,9 @@ def test_the_server_defines_the_contract_metrics():
                  "dispatch_admission_runtime_cache_synced",
                  "dispatch_admission_runtime_cache_size", "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
                  "dispatch_admission_certificate_not_after_seconds", "dispatch_admission_api_requests_total",
-                 "dispatch_admission_api_errors_total", "dispatch_admission_settings_valid"):
+                 "dispatch_admission_api_errors_total", "dispatch_admission_settings_valid",
+                 "dispatch_admission_runtime_cache_age_seconds", "dispatch_admission_runtime_keeper_starts_total",
+                 "dispatch_admission_runtime_keeper_errors_total", "dispatch_admission_runtime_live_reads_total"):
         assert name in names, name
 
 

@@ -314,6 +314,11 @@ CHANGES = {
     "resources.requests.cpu": "200m",
     "resources.requests.memory": "64Mi",
     "resources.limits.memory": "1Gi",
+    "runtimeKeeper.resources.requests.cpu": "20m",
+    "runtimeKeeper.resources.requests.memory": "80Mi",
+    "runtimeKeeper.resources.requests.ephemeral-storage": "32Mi",
+    "runtimeKeeper.resources.limits.memory": "512Mi",
+    "runtimeKeeper.resources.limits.ephemeral-storage": "1Gi",
     "podDisruptionBudget.minAvailable": 2,
     "podAntiAffinity": "hard",
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -1070,3 +1075,31 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
         in docs[("Role", name)]["rules"]
     assert docs[("ClusterRole", name)]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+
+
+def test_the_runtime_keeper_is_a_native_sidecar_sharing_the_store(helm, tmp_path):
+    """Issue 33: the keeper in a container of its own (restartPolicy: Always init container), its memory and
+    ephemeral storage bounded apart from the webhook's, the two sharing the store's volume."""
+    docs = rendered(helm, tmp_path, {"runtimeKeeper": {"liveReads": {"perSecond": 5, "burst": 7}}})
+    pod = webhook_pod(docs)["spec"]
+    (keeper,) = pod["initContainers"]
+    (webhook,) = pod["containers"]
+    assert keeper["name"] == "runtime-keeper" and keeper["restartPolicy"] == "Always"
+    assert keeper["args"][:2] == ["keep", "--runtime-store=/var/cache/dispatch-admission/runtimes"]
+    assert {"--live-reads-per-second=5", "--live-reads-burst=7"} <= set(keeper["args"])
+    assert {"--runtime-store=/var/cache/dispatch-admission/runtimes", "--runtime-keeper=external"} <= set(webhook["args"])
+    assert keeper["image"] == webhook["image"]
+    assert keeper["securityContext"] == webhook["securityContext"]
+    store = {"name": "runtime-store", "mountPath": "/var/cache/dispatch-admission"}
+    assert store in keeper["volumeMounts"] and store in webhook["volumeMounts"]
+    limits = keeper["resources"]["limits"]
+    assert limits["memory"] and limits["ephemeral-storage"]
+    size_limit = next(v for v in pod["volumes"] if v["name"] == "runtime-store")["emptyDir"]["sizeLimit"]
+
+    def mib(q: str) -> int:
+        return int(q[:-2]) * {"Mi": 1, "Gi": 1024}[q[-2:]]
+
+    from webhook.store import MAP_SIZE
+
+    assert mib(size_limit) > MAP_SIZE >> 20 and mib(limits["ephemeral-storage"]) > mib(size_limit), \
+        "the store's bound is below the volume's limit and the container's: the store cannot get the pod evicted"
