@@ -117,7 +117,7 @@ def _proc_mib(path: str, field: str) -> float:
 
 
 def worker_rss_mib(pid: int) -> list[float]:
-    """Resident memory of each child of the serve process: the runtime keeper (forked first), then the workers."""
+    """Resident memory of each child of the serve process: the runtime keeper (started first), then the workers."""
     return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 

@@ -73,8 +73,12 @@ FIGURES: dict[str, dict] = {}
 class Api:
     """HTTPS to the API server as the admin, one kept-alive connection per instance (not thread-safe)."""
 
-    def __init__(self, c: ControlPlane, timeout: float = 30):
+    def __init__(self, c: ControlPlane, timeout: float = 30, impersonate: str | None = None):
+        """`impersonate`: act as this user (the admin's right to impersonate; RBAC then judges the user)."""
         self.c, self.timeout = c, timeout
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if impersonate:
+            self.headers["Impersonate-User"] = impersonate
         self.ctx = ssl.create_default_context(cafile=c.ca_file)
         self.ctx.load_cert_chain(c.admin_cert, c.admin_key)
         self.conn: http.client.HTTPSConnection | None = None
@@ -85,8 +89,10 @@ class Api:
                 self.conn = http.client.HTTPSConnection(self.c.address, self.c.port, context=self.ctx,
                                                         timeout=self.timeout)
             try:
-                self.conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                                  headers={"Content-Type": "application/json", "Accept": "application/json"})
+                headers = dict(self.headers)
+                if method == "PATCH":
+                    headers["Content-Type"] = "application/merge-patch+json"
+                self.conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
                 resp = self.conn.getresponse()
                 data = resp.read()
                 return resp.status, (json.loads(data) if data else {})
@@ -347,8 +353,8 @@ def netns_connections(pid: int) -> list[str]:
     return remote
 
 
-def container_pid(env: Installed, pod: str) -> int:
-    got = env.nc.node.crictl("ps", "--name", "webhook", "--label", f"io.kubernetes.pod.name={pod}", "-q")
+def container_pid(env: Installed, pod: str, container: str = "webhook") -> int:
+    got = env.nc.node.crictl("ps", "--name", f"^{container}$", "--label", f"io.kubernetes.pod.name={pod}", "-q")
     (cid,) = got.stdout.split()
     info = json.loads(env.nc.node.crictl("inspect", cid).stdout)
     return int(info["info"]["pid"])
@@ -911,6 +917,152 @@ def test_a_settings_configmap_edited_to_invalid_json_fails_no_create(inst):
 
 # ---- memory: the chart's own limits under many runtimes and large reviews (issue 25, item 1) ----
 
+HOSTILE_NS, TENANT = "tenant-a", "tenant-a"
+HOSTILE_RUNTIMES = 100  # TrainingRuntimes near the object size limit, the three shapes in turn
+HOSTILE_SECONDS = 150   # how long the flood pod sends
+PATCHES_EVERY = 0.05    # seconds between two patches of one runtime (b)
+
+
+def metrics_token(inst) -> str:
+    """A token allowed to get /metrics under metrics.auth: a ServiceAccount bound to <fullname>-metrics-reader."""
+    c = inst.cluster
+    c.kubectl("create", "serviceaccount", "e2e-scraper", "-n", RNS, check=False)
+    c.kubectl("create", "clusterrolebinding", "e2e-scraper", f"--clusterrole={FULL}-metrics-reader",
+              f"--serviceaccount={RNS}:e2e-scraper", check=False)
+    return c.kubectl("create", "token", "e2e-scraper", "-n", RNS).stdout.strip()
+
+
+def scrape(pod: dict, token: str) -> dict[tuple[str, tuple], float]:
+    """A pod's /metrics under metrics.auth, parsed: (name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(f"https://{pod_ip(pod)}:8080/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30, context=ctx) as got:
+        text = got.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def total(found: dict, name: str, **labels) -> float:
+    return sum(v for (n, ls), v in found.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
+
+
+def test_one_tenant_cannot_stop_admission(inst):
+    """Issue 33's hostile tenant, with the chart's defaults and metrics.auth on. Tenant A, whose RBAC is only
+    TrainingRuntimes and TrainJobs in its namespace, (a) creates 100 TrainingRuntimes near the object size limit
+    (thousands of env entries; 1,990 long names; ten thousand replicated jobs), (b) patches one of them in a loop,
+    (c) floods the webhook's Service with AdmissionReviews naming random runtimes from a pod, (d) floods the
+    metrics port with random bearer tokens. Meanwhile tenant B creates TrainJobs: none may fail, no container is
+    OOM-killed, the serving containers never restart, the keeper stays under its limit, and the live reads stay
+    under the pod's limit. This node's CNI (the bridge plugin) enforces no NetworkPolicy: the flood pod reaches the
+    webhook port, which a cluster with the chart's NetworkPolicy and apiServerCIDRs set would close to it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e import hostile
+
+    c = inst.cluster
+    values = {**inst.values, "metrics": {"auth": True}}
+    inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m", values=values)
+    stopped = threading.Event()
+    try:
+        pods = inst.wait_settled()
+        names = [p["metadata"]["name"] for p in pods]
+        token = metrics_token(inst)
+        c.kubectl("create", "namespace", HOSTILE_NS)
+        for doc in hostile.tenant_rbac(HOSTILE_NS, TENANT):
+            c.apply(doc)
+        cgroups = {f"{n}/{ctr}": memory_cgroup(inst, n, ctr) for n in names for ctr in ("webhook", "runtime-keeper")}
+        peaks = MemoryPeaks(cgroups)
+        before = {n: scrape(p, token) for n, p in zip(names, pods)}
+        service = c.get("service", FULL, RNS)["spec"]["clusterIP"]
+        path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{HOSTILE_NS}/trainingruntimes"
+        created: list[int] = []
+
+        def create(i: int) -> None:
+            shape = hostile.SHAPES[i % len(hostile.SHAPES)]
+            status, got = Api(c, timeout=120, impersonate=TENANT).request(
+                "POST", path, hostile.large_runtime(shape, f"big-{shape}-{i:03d}", HOSTILE_NS))
+            assert status == 201, (status, str(got)[:300])
+            created.append(i)
+
+        patches = [0]
+
+        def patch_loop() -> None:
+            api = Api(c, timeout=60, impersonate=TENANT)
+            while not stopped.is_set():
+                status, _ = api.request("PATCH", f"{path}/small", {"metadata": {"annotations": {"n": str(patches[0])}}})
+                assert status == 200, status
+                patches[0] += 1
+                stopped.wait(PATCHES_EVERY)
+
+        status, got = Api(c, impersonate=TENANT).request("POST", path, hostile.large_runtime("env", "small", HOSTILE_NS,
+                                                                                              size=2000))
+        assert status == 201, got
+        denied, _ = Api(c, impersonate=TENANT).request("POST", RUNTIMES_PATH, big_runtime(0))
+        assert denied == 403, "tenant A may not create ClusterTrainingRuntimes"
+        load = Load(c, "hostile tenant", workers=2, interval=0.5, limit=100_000)
+        began = time.monotonic()
+        with peaks:
+            load.start()
+            patcher = threading.Thread(target=patch_loop, daemon=True)
+            patcher.start()
+            c.apply(hostile.flood_pod(HOSTILE_NS, inst.image, f"{service}:443",
+                                      f"{pod_ip(pods[0])}:8080", HOSTILE_SECONDS))
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(create, range(HOSTILE_RUNTIMES)))
+            created_in = time.monotonic() - began
+            eventually(lambda: c.get("pod", "flood", HOSTILE_NS)["status"].get("phase") in ("Succeeded", "Failed"),
+                       "the flood pod ends", timeout=HOSTILE_SECONDS + 240, every=2)
+            flood_seconds = time.monotonic() - began
+            stopped.set()
+            patcher.join(30)
+            results = load.stop()
+        after = {n: scrape(p, token) for n, p in zip(names, inst.pods())}
+        flood = json.loads(c.kubectl("logs", "flood", "-n", HOSTILE_NS).stdout.strip().splitlines()[-1])
+        figures = summarise("hostile tenant", results)
+        report = {"tenant B creates": figures["creates"], "failed": figures["failed"], "p50 ms": figures["p50_ms"],
+                  "p99 ms": figures["p99_ms"], "runtimes created": len(created), "runtimes created in s":
+                  round(created_in), "patches": patches[0], "flood": flood, "pods": {}}
+        for n, pod in zip(names, inst.pods()):
+            statuses = {s["name"]: s for s in pod["status"].get("containerStatuses", []) +
+                        pod["status"].get("initContainerStatuses", [])}
+            gets = total(after[n], "dispatch_admission_api_requests_total", verb="get") - \
+                total(before[n], "dispatch_admission_api_requests_total", verb="get")
+            oom = {ctr: dict(line.split() for line in (cgroups[f"{n}/{ctr}"] / "memory.oom_control").read_text()
+                             .splitlines())["oom_kill"] for ctr in ("webhook", "runtime-keeper")}
+            report["pods"][n] = {
+                "serving restarts": statuses["webhook"]["restartCount"],
+                "keeper restarts": statuses["runtime-keeper"]["restartCount"],
+                "oom kills": oom, "keeper peak working set MiB": round(peaks.peaks[f"{n}/runtime-keeper"]["working set"]),
+                "keeper limit MiB": round(peaks.limits[f"{n}/runtime-keeper"]),
+                "webhook peak working set MiB": round(peaks.peaks[f"{n}/webhook"]["working set"]),
+                "webhook limit MiB": round(peaks.limits[f"{n}/webhook"]),
+                "store MiB": round(total(after[n], "dispatch_admission_runtime_store_bytes") / 2**20, 1),
+                "live GETs/s": round(gets / flood_seconds, 2),
+                "live reads": {ls[0][1]: v for (name, ls), v in after[n].items()
+                               if name == "dispatch_admission_runtime_live_reads_total"},
+                "cache size": {ls[0][1]: v for (name, ls), v in after[n].items()
+                               if name == "dispatch_admission_runtime_cache_size"}}
+        print(f"\nhostile tenant: {json.dumps(report, indent=1)}")
+        assert figures["failed"] == 0 and figures["unpatched"] == 0, figures["failures"]
+        limit = values.get("runtimeKeeper", {}).get("liveReads", {}).get("perSecond", 10)
+        for n, got in report["pods"].items():
+            assert got["serving restarts"] == 0 and got["oom kills"] == {"webhook": "0", "runtime-keeper": "0"}, got
+            assert got["keeper peak working set MiB"] < got["keeper limit MiB"], got
+            assert got["live GETs/s"] <= limit * 1.2, got
+            assert got["cache size"].get("TrainingRuntime", 0) >= HOSTILE_RUNTIMES, got
+        assert sum(v for k, v in flood.items() if k.startswith("review 200")) > 1000, flood
+    finally:
+        stopped.set()
+        c.kubectl("delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=180s", check=False, timeout=200)
+        delete_load(c)
+        inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m",
+                      values=inst.values)
+        inst.wait_settled()
+
+
 MEMORY_RUNTIMES = 10_000  # ordinary runtimes, copies of the example torch runtime
 MEMORY_BIG = 500          # runtimes near the size cap (webhook.core.runtimes.MAX_NAMES names)
 MEMORY_REVIEWS = 32       # reviews of REVIEW_BYTES sent at once, shared between the pods
@@ -953,9 +1105,9 @@ def each_runtime(c: ControlPlane, method: str, items, ok: tuple[int, ...]) -> No
         list(pool.map(one, items))
 
 
-def memory_cgroup(inst, pod: str) -> Path:
-    """The webhook container's memory cgroup (cgroup v1 on this node)."""
-    pid = container_pid(inst, pod)
+def memory_cgroup(inst, pod: str, container: str = "webhook") -> Path:
+    """A container's memory cgroup (cgroup v1 on this node)."""
+    pid = container_pid(inst, pod, container)
     line = next(l for l in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in l)
     return Path("/sys/fs/cgroup/memory") / line.split(":", 2)[2].lstrip("/")
 
