@@ -93,7 +93,7 @@ def reviews():
             if conn is None:
                 host, port = target.rsplit(":", 1)
                 conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=10)
-            conn.request("POST", "/validate", body=review(), headers={"Content-Type": "application/json"})
+            conn.request("POST", "/mutate", body=review(), headers={"Content-Type": "application/json"})
             got = conn.getresponse(); data = json.loads(got.read())
             status = data.get("response", {}).get("status", {}).get("code", 200)
             note(f"review {got.status} {status}")

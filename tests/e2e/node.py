@@ -493,7 +493,7 @@ state = "{base / 'state'}"
             "clusterDomain": "cluster.local", "registerNode": True,
             "nodeStatusUpdateFrequency": "5s", "syncFrequency": "10s",
             "fileCheckFrequency": "5s", "shutdownGracePeriod": "0s",
-            "localStorageCapacityIsolation": False,
+            "localStorageCapacityIsolation": True,  # ephemeral-storage requests and limits, as real nodes keep them
         }))
         proc = self._spawn("kubelet", [str(self.bins["kubelet"]), "--config", str(config), "--kubeconfig", kubeconfig,
                                        "--root-dir", str(base / "root"), "--hostname-override", NODE_NAME,

@@ -919,7 +919,7 @@ def test_a_settings_configmap_edited_to_invalid_json_fails_no_create(inst):
 
 HOSTILE_NS, TENANT = "tenant-a", "tenant-a"
 HOSTILE_RUNTIMES = 100  # TrainingRuntimes near the object size limit, the three shapes in turn
-HOSTILE_SECONDS = 150   # how long the flood pod sends
+HOSTILE_SECONDS = 180   # how long the flood pod sends
 PATCHES_EVERY = 0.05    # seconds between two patches of one runtime (b)
 
 
@@ -982,9 +982,12 @@ def test_one_tenant_cannot_stop_admission(inst):
 
         def create(i: int) -> None:
             shape = hostile.SHAPES[i % len(hostile.SHAPES)]
-            status, got = Api(c, timeout=120, impersonate=TENANT).request(
-                "POST", path, hostile.large_runtime(shape, f"big-{shape}-{i:03d}", HOSTILE_NS))
-            assert status == 201, (status, str(got)[:300])
+            doc = hostile.large_runtime(shape, f"big-{shape}-{i:03d}", HOSTILE_NS)
+            for _ in range(5):  # the API server of this 2-core node times out (504) under the load: the tenant retries
+                status, got = Api(c, timeout=120, impersonate=TENANT).request("POST", path, doc)
+                if status not in (504, 429):
+                    break
+            assert status in (201, 409), (status, str(got)[:300])
             created.append(i)
 
         patches = [0]
@@ -1002,7 +1005,7 @@ def test_one_tenant_cannot_stop_admission(inst):
         assert status == 201, got
         denied, _ = Api(c, impersonate=TENANT).request("POST", RUNTIMES_PATH, big_runtime(0))
         assert denied == 403, "tenant A may not create ClusterTrainingRuntimes"
-        load = Load(c, "hostile tenant", workers=2, interval=0.5, limit=100_000)
+        load = Load(c, "hostile", workers=2, interval=0.5, limit=100_000)
         began = time.monotonic()
         with peaks:
             load.start()
@@ -1021,7 +1024,7 @@ def test_one_tenant_cannot_stop_admission(inst):
             results = load.stop()
         after = {n: scrape(p, token) for n, p in zip(names, inst.pods())}
         flood = json.loads(c.kubectl("logs", "flood", "-n", HOSTILE_NS).stdout.strip().splitlines()[-1])
-        figures = summarise("hostile tenant", results)
+        figures = summarise("hostile", results)
         report = {"tenant B creates": figures["creates"], "failed": figures["failed"], "p50 ms": figures["p50_ms"],
                   "p99 ms": figures["p99_ms"], "runtimes created": len(created), "runtimes created in s":
                   round(created_in), "patches": patches[0], "flood": flood, "pods": {}}
@@ -1053,7 +1056,8 @@ def test_one_tenant_cannot_stop_admission(inst):
             assert got["keeper peak working set MiB"] < got["keeper limit MiB"], got
             assert got["live GETs/s"] <= limit * 1.2, got
             assert got["cache size"].get("TrainingRuntime", 0) >= HOSTILE_RUNTIMES, got
-        assert sum(v for k, v in flood.items() if k.startswith("review 200")) > 1000, flood
+        answered = {k: v for k, v in flood.items() if k.startswith("review 200")}
+        assert sum(answered.values()) > 1000 and set(answered) <= {"review 200 404", "review 200 503"}, flood
     finally:
         stopped.set()
         c.kubectl("delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=180s", check=False, timeout=200)

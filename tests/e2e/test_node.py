@@ -486,3 +486,88 @@ def test_pods_carry_nothing_under_opt_dispatch_but_our_mount(node_env):
             continue  # started before the webhook existed: nothing under /opt/dispatch at all
         route = 2 if job.startswith("r2-") else 1
         assert_only_our_mount(pod, node_env.images, route)
+
+
+# ---- 6. runtimes as Trainer and JobSet build them (issue 34) ----
+
+CLAIM = "initializer"  # the claim template name of Trainer's stock torchtune runtimes
+
+
+def claim_runtime(images: Images, name: str = "torch-claim") -> dict:
+    """Trainer's torch runtime with a JobSet volumeClaimPolicies template named like the torchtune runtimes', its
+    volume mounted by the node container at /workspace (JobSet adds the volume to the pods that mount it)."""
+    rt = yaml.safe_load((toolchain.trainer_module() / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
+                        .read_text())
+    rt["metadata"]["name"] = name
+    rt["spec"]["template"]["spec"]["volumeClaimPolicies"] = [{"templates": [{
+        "metadata": {"name": CLAIM},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "e2e-static",
+                 "resources": {"requests": {"storage": "1Mi"}}}}]}]
+    node = node_pod(rt)["containers"][0]
+    node["image"] = images.training
+    node["volumeMounts"] = [{"name": CLAIM, "mountPath": "/workspace"}]
+    return rt
+
+
+def claim_volume(tmp: Path, name: str) -> dict:
+    """A PersistentVolume the claim binds to: a directory of the node (static provisioning)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "e2e-static",
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(tmp / name), "type": "DirectoryOrCreate"}}}
+
+
+def test_a_runtime_with_a_claim_template_runs_route1_with_our_mount_beside_the_claim(node_env):
+    c = node_env.cluster
+    c.apply(claim_volume(node_env.tmp, "e2e-claim-pv"))
+    c.apply(claim_runtime(node_env.images))
+    script = f"{IN_POD_CHECKS} && test -d /workspace && echo 'claim: mounted at /workspace'"
+    c.apply(trainjob("r1-claim", "torch-claim", ["/bin/sh", "-c", script]))
+    assert_complete(c, "r1-claim")
+    [pod] = pods_of(c, "r1-claim")
+    assert_only_our_mount(pod, node_env.images, 1)
+    names = [v["name"] for v in pod["spec"]["volumes"]]
+    assert len(names) == len(set(names)), f"two volumes of one name: {names}"
+    claim = next(v for v in pod["spec"]["volumes"] if v["name"] == CLAIM)
+    assert claim["persistentVolumeClaim"]["claimName"] == f"{CLAIM}-r1-claim", claim
+    text = logs(c, pod)
+    assert_in_pod_checks(text)
+    assert "claim: mounted at /workspace" in text, text
+
+
+def test_a_credential_named_like_a_claim_template_is_refused_by_r5_saying_what_to_rename(node_env, tmp_path):
+    from tests.e2e.conftest import start_our_webhooks
+
+    c = node_env.cluster
+    c.apply(claim_runtime(node_env.images))
+    route1, _ = _settings(tmp_path, node_env.images)
+    doc = json.loads(route1.read_text())
+    doc["credentials"][0]["name"] = CLAIM
+    route1.write_text(json.dumps(doc))
+    with contextlib.ExitStack() as stack:
+        hooks = start_our_webhooks(stack, c, tmp_path, " (claim)", (route1, _settings(tmp_path, node_env.images)[1]))
+        with webhooks_swapped(c, [node_env.route1, node_env.route2], hooks):
+            got = c.apply(trainjob("r1-claim-cred", "torch-claim"), check=False)
+    assert got.returncode != 0 and c.get("trainjob", "r1-claim-cred", NS) is None
+    assert "ErrUnsupported" in got.stderr and "spec.runtimeRef" in got.stderr, got.stderr
+    assert f"rename credential '{CLAIM}' or the volumeClaimPolicies claim template" in got.stderr, got.stderr
+
+
+def test_a_credential_at_etc_mpi_is_refused_at_settings_time(node_env, tmp_path):
+    """SPEC 2: Trainer's MPI plugin mounts the hostfile at /etc/mpi after the merge; a credential there would vanish
+    from the launcher. Such settings never serve: `serve` refuses to start, naming the path."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    route1, _ = _settings(tmp_path, node_env.images)
+    doc = json.loads(route1.read_text())
+    doc["credentials"][0]["mountPath"] = "/etc/mpi"
+    route1.write_text(json.dumps(doc))
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", str(route1), "--kubeconfig",
+                          node_env.cluster.kubeconfig, "--dev", "--bind", "127.0.0.1:0"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert got.returncode == 1, got
+    assert "ErrInvalid: credentials[0].mountPath: '/etc/mpi' overlaps /etc/mpi, which Trainer's MPI (the hostfile)" \
+           " plugin mounts" in got.stderr, got.stderr
