@@ -1031,8 +1031,9 @@ def test_one_tenant_cannot_stop_admission(inst):
         flood = json.loads(c.kubectl("logs", "flood", "-n", HOSTILE_NS).stdout.strip().splitlines()[-1])
         figures = summarise("hostile", results)
         report = {"tenant B creates": figures["creates"], "failed": figures["failed"], "p50 ms": figures["p50_ms"],
-                  "p99 ms": figures["p99_ms"], "runtimes created": len(created), "runtimes created in s":
-                  round(created_in), "caches complete s after the flood": round(caught_up), "patches": patches[0], "flood": flood, "pods": {}}
+                  "p99 ms": figures["p99_ms"], "runtimes created": len(created),
+                  "runtimes created in s": round(created_in), "caches complete s after the flood": round(caught_up),
+                  "patches": patches[0], "flood": flood, "pods": {}}
         for n, pod in zip(names, inst.pods()):
             statuses = {s["name"]: s for s in pod["status"].get("containerStatuses", []) +
                         pod["status"].get("initContainerStatuses", [])}
