@@ -8,9 +8,9 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
 - HTTP/1.1 framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
-  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413) and the bodies one worker
-  holds by max_body_in_flight (webhook.room: 503), both answered at the head, the body then dropped as it
-  comes (the client reads the answer). The API server sends Content-Length bodies and never Expect or
+  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413, answered at the head, the
+  body then dropped as it comes: the client reads the answer); every request byte one worker holds, heads
+  included, by max_body_in_flight (webhook.room: 503). The API server sends Content-Length bodies and never Expect or
   Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
 - small reviews answered on the loop, the rest on gunicorn's `threads`; the response written, then the
   result's close() (PEP 3333) called on the loop; pipelining and keep-alive kept.
@@ -54,7 +54,7 @@ class WorkerOptions:
     handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # bytes of request bodies held at once (read, or with the app); 0: max_body + headroom
+    max_body_in_flight: int = 0  # request bytes held at once (heads, bodies; read or with the app); 0: max_body + headroom
     metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
     metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
@@ -203,9 +203,9 @@ class Worker(base.Worker):
             self.log.error("a request has been with the application for over %ss: not reporting alive", stuck_after)
         return stuck
 
-    def reading(self):
-        """(request, connection) for each request whose body is being read: the room's candidates to give way."""
-        return ((c.request, c) for c in self.connections if c.request is not None)
+    def readers(self) -> list[Connection]:
+        """The connections, for the room to find the requests being read that may give way."""
+        return list(self.connections)
 
     def admit(self, conn: Connection) -> bool:
         """Room for one more connection (gunicorn's worker_connections). At the limit the longest-idle
@@ -265,16 +265,17 @@ class Request:
     """A request whose head has been read; its body (kept unless over the limit) follows."""
 
     __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "busy", "body",
-                 "complete", "dispatched", "held", "received", "since")
+                 "complete", "dispatched", "head", "held", "received", "since")
 
     def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, keep_alive: bool, over_limit: bool, since: float, busy: str = ""):
+                 length: int, keep_alive: bool, over_limit: bool, since: float, head: int, held: int, busy: str = ""):
         self.method, self.target, self.version, self.headers = method, target, version, headers
         self.length, self.keep_alive, self.over_limit, self.busy = length, keep_alive, over_limit, busy
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
-        # held: its length, counted in the worker's room until answered; since: when its head was read
-        self.held, self.received, self.since = 0, 0, since
+        # head: its size; held: what the worker's room counts for it until answered (webhook.room);
+        # received: body bytes read; since: its first byte
+        self.head, self.held, self.received, self.since = head, held, 0, since
 
 
 class Connection(asyncio.Protocol):
@@ -293,6 +294,7 @@ class Connection(asyncio.Protocol):
         self.state, self.deadline, self.write_deadline = HANDSHAKE, 0.0, 0.0
         self.since, self.served = 0.0, 0  # when the state began (idle: eviction; busy: stuck check); answers written
         self.url, self.fields, self.head_fed = None, [], 0  # the head being read: its target, fields, bytes fed
+        self.head_held, self.head_since = 0, 0.0  # ... what the room counts for it, and when its first byte came
         self.request: Request | None = None    # the request whose body is being read
         self.answering: Request | None = None  # the request with the app
         self.ready: deque[Request] = deque()   # requests ready for the app, in order
@@ -333,10 +335,18 @@ class Connection(asyncio.Protocol):
 
     def _feed(self, data):
         self.parser.feed_data(data)
-        if self.url is not None:  # a head still incomplete after this slice
+        if self.url is not None:  # a head still incomplete after this slice: the slice is held for it
             self.head_fed += len(data)
             if self.head_fed > HEAD_LIMIT:
                 raise Refused(431, f"the request head is over {HEAD_LIMIT} bytes")
+            self._take(len(data))
+            self.head_held += len(data)
+
+    def _take(self, n: int) -> None:
+        """Count `n` more bytes in the worker's room, or refuse the request (503) when they do not fit."""
+        room = self.site.worker.room
+        if not room.take(n, self.loop.time(), self.site.worker.readers, self):
+            raise Refused(503, room.full)
 
     def eof_received(self):
         if self.state == READING and (self.url is not None or (self.request and not self.request.dispatched)):
@@ -356,7 +366,7 @@ class Connection(asyncio.Protocol):
     # llhttp's callbacks (httptools)
 
     def on_message_begin(self):
-        self.url, self.fields, self.head_fed = bytearray(), [], 0
+        self.url, self.fields, self.head_fed, self.head_since = bytearray(), [], 0, self.loop.time()
         if self.state == IDLE:  # blank lines between requests do not begin one
             self.state = READING
             if self.served:  # a connection's first request keeps the deadline set at the handshake's end
@@ -381,7 +391,9 @@ class Connection(asyncio.Protocol):
         if method == b"CONNECT":
             raise Refused(400, "CONNECT is not served")
         length, hosts, expect = 0, 0, False
+        head = len(method) + len(target) + 14  # its size as sent: "METHOD TARGET HTTP/1.1\r\n", fields, "\r\n"
         for name, value in fields:
+            head += len(name) + len(value) + 4
             if cfg.limit_request_field_size and len(name) + len(value) + 2 > cfg.limit_request_field_size:
                 raise Refused(431, f"a header field is over {cfg.limit_request_field_size} bytes")
             if name == b"content-length":
@@ -400,26 +412,43 @@ class Connection(asyncio.Protocol):
             except ValueError:
                 raise Refused(400, "an invalid request target") from None
             target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        room, now = self.site.worker.room, self.loop.time()
         if length and not self.site.bodies:
             raise Refused(413, "no request body is taken on this port")
-        busy = "" if length > self.site.options.max_body or room.admit(length, now, self.site.worker.reading) else (
-            f"over {room.cap} bytes of request bodies in flight in this worker: try again")
+        # The head is counted by its size from now on (the slices held while it came are given back).
+        room, held, busy = self.site.worker.room, head, ""
+        if head > self.head_held:
+            self._take(head - self.head_held)
+        else:
+            room.give_back(self.head_held - head)
+        self.head_held = 0
+        if room.small < length <= self.site.options.max_body:  # a large body: its length counted from its head
+            if room.take(length, self.loop.time(), self.site.worker.readers, self):
+                held += length
+            else:  # answered 503 from the head, its body dropped: nothing held for it
+                busy, held, fields = room.full, 0, []
+                room.give_back(head)
         over = length > self.site.options.max_body or bool(busy)
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 (or 503) instead, and will not send the body: closed after.
         keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
-                                     keep_alive=keep, over_limit=over, since=now, busy=busy)
-        room.hold(req)
+                                     keep_alive=keep, over_limit=over, since=self.head_since, head=head, held=held,
+                                     busy=busy)
         if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
             self.ready.append(req)
 
     def on_body(self, data: bytes):
-        self.request.received += len(data)
-        if not self.request.over_limit:
-            self.request.body.append(data)
+        req = self.request
+        req.received += len(data)
+        if req.over_limit:
+            return
+        room = self.site.worker.room
+        if req.length <= room.small:  # a small body is counted as it comes
+            if not room.take(len(data), self.loop.time(), self.site.worker.readers, self):
+                return self._drop_body(room.full)
+            req.held += len(data)
+        req.body.append(data)
 
     def on_message_complete(self):
         req, self.request = self.request, None
@@ -479,7 +508,7 @@ class Connection(asyncio.Protocol):
             close_result(close, self.site.worker.log)
             return
         req, self.answering = self.answering, None
-        self.site.worker.room.release(req)
+        self._release(req)
         keep = req.keep_alive and self.site.worker.alive
         try:
             try:
@@ -511,16 +540,43 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
+    # webhook.room: what the worker's room counts for this connection
+
+    def reading(self) -> tuple[int, int, float] | None:
+        """(bytes held, bytes received, since its first byte) of the request being read, or None."""
+        if self.url is not None:
+            return self.head_held, self.head_fed, self.head_since
+        req = self.request
+        if req is not None and not req.over_limit:
+            return req.held, req.head + req.received, req.since
+        return None
+
     def give_way(self, why: str):
-        """webhook.room needs the room: the request being read is answered 503, the rest of its body dropped."""
-        req, req.busy, req.over_limit, req.body = self.request, why, True, []
-        self.site.worker.room.release(req)
-        self.ready.append(req)
+        """The room is needed: the request being read is answered 503: a head, then the connection closed; a
+        body, its rest dropped."""
+        if self.url is not None:
+            self._refuse(503, why)
+        else:
+            self._drop_body(why)
         self._flow()
+
+    def _drop_body(self, why: str):
+        """The request whose body is being read is answered 503 (after the answers before it), the rest of its
+        body dropped as it comes."""
+        req, req.busy, req.over_limit, req.body, req.headers = self.request, why, True, [], []
+        self._release(req)
+        self.ready.append(req)
+
+    def _release(self, req: Request | None):
+        if req is not None and req.held:
+            self.site.worker.room.give_back(req.held)
+            req.held = 0
 
     def _refuse(self, code: int, message: str):
         """Answer a request the worker refuses itself, after the answers before it, then close."""
         metrics.get().bad_requests.labels(str(code)).inc()
+        self.site.worker.room.give_back(self.head_held)  # nothing more is read
+        self.head_held = 0
         self.last = True
         body = error_body(code, message)
         self.refusal = response_head(f"{code} {REASONS.get(code, 'Bad Request')}", JSON, len(body), False) + body
@@ -544,7 +600,9 @@ class Connection(asyncio.Protocol):
 
     def gone(self):
         for req in (self.request, self.answering, *self.ready):
-            self.site.worker.room.release(req)
+            self._release(req)
+        self.site.worker.room.give_back(self.head_held)
+        self.head_held = 0
         self.state, self.last = CLOSED, True
         self.deadline = self.write_deadline = 0.0
         self.site.worker.connections.discard(self)
