@@ -136,7 +136,10 @@ class Worker(base.Worker):
             loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
             self.listening.append(listener.sock)
         stuck_after = max(self.timeout, 1)
+        families = metrics.get()
         while self.alive:
+            families.request_bytes_held.set(self.room.used)
+            families.request_bytes_held_peak.set(self.room.peak)
             if not self._sweep(loop.time(), stuck_after):
                 self.notify()  # a request with the app past the worker timeout stops this: the master replaces us
             if self.ppid != os.getppid():
