@@ -1,9 +1,9 @@
 """Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
-loopback: a large review being read holds its head and its Content-Length, and a second large one that does
-not fit beside it is refused 503 (its body read and dropped); a small review still gets in; a stalled body
-gives way to a newcomer; the room comes back exactly (heads counted by their size) once requests are
+loopback: a large review being read holds its head and the body bytes received, and a second large one that
+could not fit beside it is refused 503 at its head (its body read and dropped); a small review still gets in;
+a stalled body gives way to a newcomer; the room counts exactly and comes back exactly once requests are
 answered or their clients go; the metrics port takes no body at all. tests/server/test_held_bytes.py floods
 the room with heads and small bodies.
 """
@@ -11,6 +11,7 @@ the room with heads and small bodies.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import time
@@ -19,7 +20,7 @@ import pytest
 import requests
 
 from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import free_port, webhook_server
+from tests.process import eventually, free_port, webhook_server
 from webhook.room import PATIENCE
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
@@ -77,6 +78,12 @@ def post_large(server, body: bytes) -> requests.Response:
                          timeout=20)
 
 
+def held(server) -> float:
+    """What the worker's room counts now (sampled every 0.25 s)."""
+    text = requests.get(f"http://127.0.0.1:{server[2]}/metrics", timeout=10).text
+    return float(re.search(r"^dispatch_admission_request_bytes_held ([0-9.e+]+)$", text, re.M).group(1))
+
+
 def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, request):
     base, ca, _ = server
     body = large_review()
@@ -84,27 +91,34 @@ def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, reques
     # Connected (handshakes done) first, so the heads below reach the worker together.
     first, second, mid = (connect(server, request) for _ in range(3))
 
-    # The first large review: its head and most of its body (the worker holds its length; sent this fast,
-    # it keeps its room for a second, its patience)...
+    # The first large review: its head and all but the last 1,000 bytes of its body (sent this fast, it
+    # keeps its room for a second, its patience)...
     first.sendall(head(len(body)) + body[:-1000])
-    # ... and a mid-size body that still fits beside it, stalled: the room is full (10 bytes left).
-    left = IN_FLIGHT - len(head(len(body))) - len(body) - 10
-    mid.sendall(head(left - len(head(left))) + b"{")
-    # A second large one does not fit (the stalled one giving way would not make room enough): 503 at its
-    # head, with a JSON error naming the cap.
+    # ... and a mid-size body that fits beside it, sent but for its last byte: the room is full but for a
+    # head or two.
+    small = json.dumps(review(trainjob())).encode()
+    spare = 2 * len(head(len(body)))
+    assert len(head(len(small))) + len(small) > spare
+    left = IN_FLIGHT - len(head(len(body))) - (len(body) - 1000) - spare
+    sent = left - len(head(left + 1))
+    mid.sendall(head(sent + 1) + b"{" * sent)
+    full = IN_FLIGHT - spare
+    eventually(lambda: held(server) == full, f"{full} bytes held")
+    # A second large one could not fit (both are read fast, and not for long: neither gives way): 503 at
+    # its head, with a JSON error naming the cap.
     second.sendall(head(len(body)))
     status, data = read_status(second)
     assert status == 503, data[:300]
     assert f"over {IN_FLIGHT} bytes of requests in flight".encode() in data
     # Its body is dropped as it comes (not held), then the connection serves the next request: a client
-    # sending its whole body before it reads is not reset under the answer.
+    # sending its whole body before it reads is not reset under the answer. Past the patience, the
+    # stalled mid-size body gives way to that small review (the slower of the two being read), so a
+    # client stalling large bodies cannot turn the API server's usual reviews away.
+    time.sleep(PATIENCE)
     second.sendall(body)
-    small = json.dumps(review(trainjob())).encode()
     second.sendall(head(len(small)) + small)
     status, data = read_status(second)
     assert status == 200, data[:300]
-    # That small review got in: the stalled mid-size body gave way to it (answered 503), so a client stalling
-    # large bodies cannot turn the API server's usual reviews away.
     status, data = read_status(mid)
     assert status == 503 and b"this worker's room for requests" in data, data[:300]
     small = requests.post(base + "/validate", json=review(trainjob()), verify=ca, timeout=20)
@@ -121,23 +135,23 @@ def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, reques
 
 
 def test_a_stalled_body_gives_way_to_a_newcomer(server, request):
-    """A client that declares a large body and stalls cannot hold the room: read slower than the minimum
-    rate (or for longer than the patience), it is answered 503 (the rest of its body dropped) to make room
-    for the next large review."""
+    """A client that sends part of a large body and stalls cannot hold the room: being read for longer than
+    the patience (or, past the grace, slower than the minimum rate), it is answered 503 (the rest of its
+    body dropped) to make room for the next large review."""
     body = large_review()
     staller = connect(server, request)
-    staller.sendall(head(len(body)) + body[:1000])
-    time.sleep(PATIENCE / 2)
+    staller.sendall(head(len(body)) + body[:IN_FLIGHT - len(body)])  # the next one cannot fit beside it
+    time.sleep(PATIENCE + 0.2)
     r = post_large(server, body)
     assert r.status_code == 200, r.text[:300]
     status, data = read_status(staller)  # answered, not reset: every client gets an answer
     assert status == 503 and b"this worker's room for requests" in data, data[:300]
 
 
-def test_the_room_comes_back_exactly(server, request):
-    """Clients that go away mid-body, and answered requests, leave nothing counted: a request of exactly the
-    cap fits afterwards, heads counted by their size (one byte counted too many would refuse it, and the
-    holder would give way to it)."""
+def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
+    """The room counts a request's head by its size and its body by the bytes received, not the length it
+    declares; clients that go away mid-body, and answered requests, leave nothing counted, so a request of
+    exactly the cap fits beside one being read (one byte counted too many would refuse it)."""
     body = large_review()
     for _ in range(3):
         gone = connect(server, request)
@@ -145,18 +159,20 @@ def test_the_room_comes_back_exactly(server, request):
         time.sleep(0.2)
         gone.close()
     assert post_large(server, body).status_code == 200
-    time.sleep(0.5)
+    eventually(lambda: held(server) == 0, "nothing held")
     holder, exact = connect(server, request), connect(server, request)
-    holder.sendall(head(len(body)) + body[:1000])
-    rest = IN_FLIGHT - len(head(len(body))) - len(body)  # what the holder leaves
-    length = rest - len(head(rest))
-    assert len(head(length)) == len(head(rest))
+    holder.sendall(head(len(body)) + body[:-1000])
+    counted = len(head(len(body))) + len(body) - 1000
+    eventually(lambda: held(server) == counted, f"the holder's {counted} bytes counted")
+    length = IN_FLIGHT - counted - len(head(IN_FLIGHT - counted))
     exact.sendall(head(length))  # fits only if nothing else is counted
-    holder.sendall(body[1000:])
+    holder.sendall(body[-1000:])
     assert read_status(holder)[0] == 200
     exact.sendall(b"x" * length)
     status, data = read_status(exact)
     assert status == 400 and b"JSON" in data, data[:300]  # read whole and answered (not JSON), not refused 503
+    exact.close()
+    eventually(lambda: held(server) == 0, "nothing held")
 
 
 def test_the_metrics_port_takes_no_body(server):

@@ -55,8 +55,8 @@ def server(tmp_path_factory):
     metrics_port = free_port()
     with webhook_server(tmp_path_factory.mktemp("held"), "--settings", SETTINGS, *RUNTIME_ARGS, "--workers", "1",
                         "--max-body-in-flight", str(ROOM), "--read-timeout", "60",
-                        "--metrics-bind", f"127.0.0.1:{metrics_port}", "--log-level", "warning") as (base, ca, log, proc):
-        yield base, ca, log, proc, metrics_port
+                        "--metrics-bind", f"127.0.0.1:{metrics_port}", "--log-level", "warning") as running:
+        yield *running, metrics_port
 
 
 def open_staller(port: int, ctx: ssl.SSLContext, kind: str) -> ssl.SSLSocket:
@@ -104,7 +104,8 @@ def test_a_flood_of_heads_and_small_bodies_stays_in_the_room(server):
         while not done.is_set():
             t = time.monotonic()
             try:
-                r = session.post(base + "/validate", data=REVIEW, headers=headers, verify=ca, timeout=API_SERVER_TIMEOUT)
+                r = session.post(base + "/validate", data=REVIEW, headers=headers, verify=ca,
+                                 timeout=API_SERVER_TIMEOUT)
                 if r.status_code != 200 or r.json()["response"]["uid"] != "uid-1":
                     failures.append(f"{r.status_code}: {r.text[:200]}")
                 latencies.append(time.monotonic() - t)
