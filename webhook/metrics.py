@@ -126,11 +126,15 @@ def start(directory: str | None = None) -> Metrics:
 
 
 def get() -> Metrics:
-    """The families: those start() made, else single-process ones made now (tests, offline commands)."""
+    """The families: those start() made, else single-process ones made now (tests, offline commands, and
+    bench/baseline.py's app, whose worker sets the room's gauges: with PROMETHEUS_MULTIPROC_DIR set empty,
+    prometheus_client would otherwise write their files in the working directory)."""
     global _families
     if _families is None:
         with _lock:
             if _families is None:
+                if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                    values.ValueClass = values.MutexValue
                 REGISTRY.register(STATE)
                 _families = Metrics()
     return _families

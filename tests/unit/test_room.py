@@ -3,6 +3,11 @@ server tests (tests/server/test_held_bytes.py, test_body_in_flight.py) run it in
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from tests.process import ROOT
 from webhook.room import GRACE, MIN_RATE, PATIENCE, Room
 
 NOW = 100.0
@@ -82,3 +87,14 @@ def test_the_newcomer_and_readers_holding_nothing_are_not_asked():
     idle = Reader(room, 0, 5)
     assert not room.take(1, 1, NOW, lambda: [newcomer, idle], newcomer)
     assert newcomer.why is None and idle.why is None
+
+
+def test_the_room_gauges_write_no_files_without_a_metrics_directory(tmp_path):
+    """The worker sets the room's gauges whatever the app (bench/baseline.py serves its own with
+    PROMETHEUS_MULTIPROC_DIR set empty): without start(), the families stay in one process and no
+    prometheus_client file lands in the working directory."""
+    code = "from webhook import metrics; metrics.get().request_bytes_held.set(5); print('set')"
+    got = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": "", "PYTHONPATH": str(ROOT)})
+    assert got.stdout.strip() == "set", got.stderr
+    assert list(tmp_path.iterdir()) == []
