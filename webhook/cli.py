@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -188,9 +189,30 @@ def cmd_certificates(args) -> int:
         time.sleep(args.every)
 
 
+WILDCARDS = ("", "0.0.0.0", "::", "*")
+LOOPBACK = ("localhost", "127.0.0.1")
+
+
+def _one_listener(a: str, b: str) -> bool:
+    """Do two HOST:PORT binds name one listener (the same port, and the same host or a wildcard)?"""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    host_a, host_b = host_a.strip("[]"), host_b.strip("[]")
+    return port_a == port_b and (host_a == host_b or host_a in WILDCARDS or host_b in WILDCARDS
+                                 or (host_a in LOOPBACK and host_b in LOOPBACK))
+
+
 def cmd_serve(args) -> int:
     from . import metrics, server
 
+    bind = args.bind or (server.DEV_BIND if args.dev else None)
+    if not bind and not args.gunicorn_config and "GUNICORN_CMD_ARGS" not in os.environ:
+        from .gunicorn_config import DEFAULTS
+
+        bind = DEFAULTS["bind"][0]
+    if args.metrics_bind and bind and _one_listener(args.metrics_bind, bind):
+        given = "--bind" if args.bind else "--bind's default"
+        raise Unusable(f"--metrics-bind {args.metrics_bind} is the port {given} serves ({bind}): the metrics need a"
+                       " port of their own")
     metrics.start()  # in the master, before the workers fork: the families in multiprocess mode
     return server.run(args)
 
@@ -267,8 +289,8 @@ def parser() -> argparse.ArgumentParser:
                         " counts per kind, so /metrics names no tenant's runtimes")
     s.add_argument("--max-body", type=_positive(int), default=None, help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--max-body-in-flight", type=_positive(int), default=None, metavar="BYTES",
-                   help="request body bytes one worker holds at once; a body over 64 KiB that would go over it"
-                        " is answered 503 (default: --max-body plus 1 MiB)")
+                   help="request bytes (heads and bodies) one worker holds at once; a request that would go over"
+                        " it, once slow ones have given way, is answered 503 (default: --max-body plus 1 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info logs one line per review; warning and above only problems")
     s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")

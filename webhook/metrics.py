@@ -40,6 +40,8 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_certificate_not_after_seconds{certificate}     gauge, "serving" and "ca"
 - dispatch_admission_client_timeouts_total{stage}                    counter (SPEC 7 deadlines)
 - dispatch_admission_log_dropped_total                              counter (review log lines dropped: stderr stalled)
+- dispatch_admission_request_bytes_held                             gauge (max over workers: request bytes held now)
+- dispatch_admission_request_bytes_held_peak                        gauge (max over workers: the most ever held at once)
 - dispatch_admission_api_requests_total{verb,kind}, dispatch_admission_api_errors_total{verb,kind}
 - dispatch_admission_settings_valid                                 gauge 0/1 (SPEC 2.1)
 - dispatch_admission_settings_switches_total                        counter (settings taken while serving)
@@ -84,6 +86,14 @@ class Metrics:
         self.log_dropped = Counter("dispatch_admission_log_dropped_total",
                                    "Review log lines dropped because stderr did not take them (its queue was full).",
                                    registry=r)
+        self.request_bytes_held = Gauge("dispatch_admission_request_bytes_held",
+                                        "Request bytes (heads and bodies, read or with the app) the worker holding "
+                                        "the most holds now; each worker holds at most --max-body-in-flight.",
+                                        multiprocess_mode="livemax", registry=r)
+        self.request_bytes_held_peak = Gauge("dispatch_admission_request_bytes_held_peak",
+                                             "The most request bytes one worker has held at once since it started "
+                                             "(never above --max-body-in-flight).",
+                                             multiprocess_mode="livemax", registry=r)
         self.settings_switches = Counter("dispatch_admission_settings_switches_total",
                                          "New settings taken while serving, without a restart (SPEC 2.1).", registry=r)
         self.api_requests = Counter("dispatch_admission_api_requests_total", "Requests to the Kubernetes API.",
@@ -118,11 +128,15 @@ def start(directory: str | None = None) -> Metrics:
 
 
 def get() -> Metrics:
-    """The families: those start() made, else single-process ones made now (tests, offline commands)."""
+    """The families: those start() made, else single-process ones made now (tests, offline commands, and
+    bench/baseline.py's app, whose worker sets the room's gauges: with PROMETHEUS_MULTIPROC_DIR set empty,
+    prometheus_client would otherwise write their files in the working directory)."""
     global _families
     if _families is None:
         with _lock:
             if _families is None:
+                if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                    values.ValueClass = values.MutexValue
                 REGISTRY.register(STATE)
                 _families = Metrics()
     return _families

@@ -1,54 +1,105 @@
-"""The request-body bytes one worker holds at once (issue 25): what keeps a burst of large reviews, or
-a client that declares large bodies and stalls, from taking a worker past its memory.
+"""The request bytes one worker holds at once (issues 25 and 33): what keeps a burst of large reviews, or a
+thousand clients that each send part of a request and stall, from taking a worker past its memory.
 
-Only bodies over `small` (the size answered on the loop, 64 KiB) are counted, from their head until they
-are answered or their connection is gone; the smaller ones the API server usually sends are never
-refused (gunicorn's worker_connections bounds them). A large body that would go past `cap` first makes
-held bodies give way that are still being read and slower than `min_rate` since their head (a client
-holding the room with a declared length it does not send): each is answered 503 and the rest of its body
-dropped. If the new one still does not fit, it is refused (503) the same way."""
+Every byte a worker holds for a request counts, from the request's first byte until it is answered or its
+connection is gone: the head as it is buffered (each slice fed while the head is incomplete, then the
+parsed head's size), then the body as its bytes come. The sum never passes `cap`, whatever the number of
+connections. Only bytes received count: declaring a large Content-Length holds nothing. But a body that
+could not fit now is refused at its head, before it is sent.
+
+Where bytes do not fit, requests still being read give way if that makes room, the slowest (bytes held
+over age) first: those read for longer than `patience`; those past `grace` read at under `min_rate` since
+their first byte; and those holding over `BIGGER` times the newcomer's whole request, however young. Each
+is answered 503 (a body: the rest of it dropped, the connection kept; a head: the connection closed after
+the answer). If giving way would not make room, nobody does and the newcomer is refused the same way.
+Requests read whole (with the app, or waiting for it) never give way.
+
+So a client that stalls holds its room only until someone needs it. The API server's reviews are small
+(a head of a few hundred bytes, a body of a few KiB) and come whole within milliseconds: to keep them out,
+a flood must fill the room with requests as small as theirs, each younger than `grace`, i.e. send over
+`cap` / `grace` bytes a second to each worker. A large review arriving during a flood that fills the room
+may be refused (503).
+"""
 
 from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol
 
 HEADROOM = 1024 * 1024  # the default cap is the largest body and this: small reviews fit beside a large one
+GRACE = 0.1             # seconds: a request younger than this keeps its room (unless much bigger than the newcomer)
+BIGGER = 2              # ... a request holding over this many times the newcomer's whole request gives way
+MIN_RATE = 1024 * 1024  # bytes/s since a request's first byte: one read slower gives way when room is needed
+PATIENCE = 1.0          # seconds: a request still being read after this long gives way when room is needed
 
 
-class Held(Protocol):
-    length: int       # the declared Content-Length
-    held: int         # what is counted for it (0: nothing)
-    received: int     # body bytes read so far
-    since: float      # when its head was read (loop time)
-    dispatched: bool  # read whole and handed to the app
-    over_limit: bool  # over max_body: answered 413, its body dropped, nothing held
+class Reader(Protocol):
+    """A connection, as the room sees it."""
+
+    def reading(self) -> tuple[int, float] | None:
+        """(bytes held, when its first byte came) for the request being read, or None."""
+
+    def give_way(self, why: str) -> None:
+        """Answer the request being read 503 (`why`) and hold nothing more for it."""
 
 
 class Room:
-    def __init__(self, cap: int, small: int, min_rate: float = 1024 * 1024, grace: float = 1.0):
-        self.cap, self.small, self.min_rate, self.grace = cap, small, min_rate, grace
-        self.used = 0
+    """`used`: the bytes held now; `peak`: the most held at once since the worker started."""
 
-    def admit(self, length: int, now: float, reading: Callable[[], Iterable[tuple[Held, object]]]) -> bool:
-        """Room for a body of `length`? `reading()`: (request, its connection) for the requests whose bodies
-        are being read, called only when the body does not fit; the slow ones give way (their connection's
-        give_way(why): answered 503, the rest of the body dropped) to make room."""
-        if length <= self.small or not self.used or self.used + length <= self.cap:
-            return True
-        slow = sorted(((req.received / max(now - req.since, 1e-6), req, conn) for req, conn in reading()
-                       if req.held and not req.dispatched and now - req.since >= self.grace),
-                      key=lambda t: t[0])
-        for rate, _, conn in slow:
-            if rate >= self.min_rate or self.used + length <= self.cap:
+    def __init__(self, cap: int, grace: float = GRACE, min_rate: float = MIN_RATE, patience: float = PATIENCE):
+        self.cap, self.grace, self.min_rate, self.patience = cap, grace, min_rate, patience
+        self.used = self.peak = 0
+
+    @property
+    def full(self) -> str:
+        """Why a newcomer is refused."""
+        return f"over {self.cap} bytes of requests in flight in this worker: try again"
+
+    def make_room(self, n: int, size: int, now: float, readers: Callable[[], Iterable[Reader]],
+                  newcomer: Reader) -> bool:
+        """Would `n` more bytes for `newcomer`'s request (`size` bytes whole, as far as known) fit? Readers
+        give way if that is needed and enough."""
+        return self.used + n <= self.cap or self._give_way(n, size, now, readers(), newcomer)
+
+    def take(self, n: int, size: int, now: float, readers: Callable[[], Iterable[Reader]], newcomer: Reader) -> bool:
+        """`n` more bytes for `newcomer`'s request (`size` bytes whole): True when counted, False when they
+        cannot fit (nothing counted: the caller refuses the newcomer)."""
+        if not self.make_room(n, size, now, readers, newcomer):
+            return False
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.used -= n
+
+    def release(self, request) -> None:
+        """All that is counted for `request` (None, or a request whose `held` is what is counted) given back."""
+        if request is not None and request.held:
+            self.used, request.held = self.used - request.held, 0
+
+    def _give_way(self, n: int, size: int, now: float, readers: Iterable[Reader], newcomer: Reader) -> bool:
+        slow = []
+        for reader in readers:
+            state = reader.reading() if reader is not newcomer else None
+            if state is None or not state[0]:
+                continue
+            held, since = state
+            age = max(now - since, 1e-6)
+            if age >= self.patience or (age >= self.grace and held < self.min_rate * age) or held > BIGGER * size:
+                slow.append((held / age, held, reader))
+        slow.sort(key=lambda t: t[0])
+        freed, giving = 0, []
+        for _, held, reader in slow:
+            if self.used - freed + n <= self.cap:
                 break
-            conn.give_way(f"its body came at under {self.min_rate:.0f} bytes/s while this worker's room for request"
-                          f" bodies ({self.cap} bytes) was needed: try again")
-        return not self.used or self.used + length <= self.cap
-
-    def hold(self, req: Held) -> None:
-        if req.length > self.small and not req.over_limit:
-            req.held, self.used = req.length, self.used + req.length
-
-    def release(self, req: Held | None) -> None:
-        if req is not None and req.held:
-            self.used, req.held = self.used - req.held, 0
+            freed += held
+            giving.append(reader)
+        if self.used - freed + n > self.cap:
+            return False  # not enough even if they all gave way: they keep their room
+        why = (f"this worker's room for requests ({self.cap} bytes) was needed, and this one was read at under"
+               f" {self.min_rate:.0f} bytes/s, for over {self.patience:g}s, or held much more than the request"
+               " that needed it: try again")
+        for reader in giving:
+            reader.give_way(why)
+        return self.used + n <= self.cap

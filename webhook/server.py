@@ -91,7 +91,8 @@ def _error(code: int, message: str) -> Response:
 
 REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
 STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
-          413: "413 Content Too Large", 415: "415 Unsupported Media Type", 500: "500 Internal Server Error",
+          413: "413 Content Too Large", 415: "415 Unsupported Media Type", 429: "429 Too Many Requests",
+          500: "500 Internal Server Error",
           503: "503 Service Unavailable"}
 INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
 
@@ -334,7 +335,8 @@ def ops_app(main: Callable, auth=None) -> Callable:
         if refused is not None:
             code, why = refused
             body = _error_body(code, why)
-            extra = [("WWW-Authenticate", 'Bearer realm="metrics"')] if code == 401 else []
+            extra = ([("WWW-Authenticate", 'Bearer realm="metrics"')] if code == 401 else
+                     [("Retry-After", "1")] if code == 429 else [])
             start_response(STATUS.get(code, f"{code} Error"), [("Content-Type", "application/json"),
                                                                ("Content-Length", str(len(body))), *extra])
             return [body]

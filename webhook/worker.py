@@ -8,12 +8,14 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
   `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
 - HTTP/1.1 framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
   request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
-  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413) and the bodies one worker
-  holds by max_body_in_flight (webhook.room: 503), both answered at the head, the body then dropped as it
-  comes (the client reads the answer). The API server sends Content-Length bodies and never Expect or
-  Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
-- small reviews answered on the loop, the rest on gunicorn's `threads`; the response written, then the
-  result's close() (PEP 3333) called on the loop; pipelining and keep-alive kept.
+  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413, answered at the head, the
+  body then dropped as it comes: the client reads the answer); every request byte one worker holds, heads
+  included, by max_body_in_flight (webhook.room: 503). The API server sends Content-Length bodies and
+  never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
+- small reviews answered on the loop, the rest on gunicorn's `threads`, /metrics on threads of its own
+  (METRICS_THREADS, at most METRICS_WAITING scrapes at once: it judges every runtime and may wait on the
+  API server's token reviews); the response written, then the result's close() (PEP 3333) called on the
+  loop; pipelining and keep-alive kept.
 
 Options beyond gunicorn's settings: the application's `worker_options` (`WorkerOptions`); its metrics
 address is served with the application's `metrics_app()`, in plain HTTP unless given a TLS context.
@@ -48,13 +50,15 @@ SLICE = 16 * 1024               # data reaches the parser in slices this size: a
 INLINE_LIMIT = 64 * 1024        # a review body up to this size is answered on the loop (a larger one on a thread)
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
+METRICS_THREADS = 2             # /metrics is answered on threads of its own (it may wait on the API server's reviews)
+METRICS_WAITING = 8             # ... with at most this many scrapes queued or running; past that, 503 at once
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerOptions:
     handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # bytes of request bodies held at once (read, or with the app); 0: max_body + headroom
+    max_body_in_flight: int = 0  # request bytes held at once (webhook.room); 0: max_body + HEADROOM
     metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
     metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
@@ -82,7 +86,7 @@ class Worker(base.Worker):
         self.listening, self.quick = [], False  # quick: SIGQUIT or SIGINT, stop now
         self.tasks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
-        self.room = Room(self.options.max_body_in_flight or self.options.max_body + HEADROOM, INLINE_LIMIT)
+        self.room = Room(self.options.max_body_in_flight or self.options.max_body + HEADROOM)
 
     def init_process(self):  # gunicorn calls it after fork
         self.loop = new_event_loop()
@@ -113,12 +117,14 @@ class Worker(base.Worker):
 
     def run(self):
         self.threads = AppThreads(self.cfg.threads, self.loop, self.log)
+        self.metrics_threads = AppThreads(METRICS_THREADS, self.loop, self.log, name="metrics", waiting=METRICS_WAITING)
         try:
             self.loop.run_until_complete(self._serve())
         except Exception:
             self.log.exception("worker failed")
         finally:
             self.threads.stop()
+            self.metrics_threads.stop()
             self.loop.close()
 
     async def _serve(self):
@@ -136,7 +142,10 @@ class Worker(base.Worker):
             loop.add_reader(listener.sock.fileno(), self._accept, listener.sock, site)
             self.listening.append(listener.sock)
         stuck_after = max(self.timeout, 1)
+        families = metrics.get()
         while self.alive:
+            families.request_bytes_held.set(self.room.used)
+            families.request_bytes_held_peak.set(self.room.peak)
             if not self._sweep(loop.time(), stuck_after):
                 self.notify()  # a request with the app past the worker timeout stops this: the master replaces us
             if self.ppid != os.getppid():
@@ -197,15 +206,15 @@ class Worker(base.Worker):
         for conn in list(self.connections):
             if (conn.deadline and now >= conn.deadline) or (conn.write_deadline and now >= conn.write_deadline):
                 conn.expire(now)
-            elif conn.state == BUSY and now - conn.since > stuck_after:
+            elif conn.state == BUSY and now - conn.since > stuck_after and not conn.answering.aside:
                 stuck = True
         if stuck:
             self.log.error("a request has been with the application for over %ss: not reporting alive", stuck_after)
         return stuck
 
-    def reading(self):
-        """(request, connection) for each request whose body is being read: the room's candidates to give way."""
-        return ((c.request, c) for c in self.connections if c.request is not None)
+    def readers(self) -> list[Connection]:
+        """The connections, for the room to find the requests being read that may give way."""
+        return list(self.connections)
 
     def admit(self, conn: Connection) -> bool:
         """Room for one more connection (gunicorn's worker_connections). At the limit the longest-idle
@@ -265,16 +274,18 @@ class Request:
     """A request whose head has been read; its body (kept unless over the limit) follows."""
 
     __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "over_limit", "busy", "body",
-                 "complete", "dispatched", "held", "received", "since")
+                 "complete", "dispatched", "held", "since", "size", "aside")
 
     def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, keep_alive: bool, over_limit: bool, since: float, busy: str = ""):
+                 length: int, keep_alive: bool, over_limit: bool, since: float, held: int, busy: str = ""):
         self.method, self.target, self.version, self.headers = method, target, version, headers
         self.length, self.keep_alive, self.over_limit, self.busy = length, keep_alive, over_limit, busy
         self.body: list[bytes] = []
         self.complete = self.dispatched = False
-        # held: its length, counted in the worker's room until answered; since: when its head was read
-        self.held, self.received, self.since = 0, 0, since
+        self.aside = False  # answered on the metrics threads: never counts as the worker stuck
+        # held: its bytes (head, body) counted in the worker's room until answered; since: its first byte;
+        # size: its head and Content-Length
+        self.held, self.since, self.size = held, since, held + length
 
 
 class Connection(asyncio.Protocol):
@@ -292,7 +303,8 @@ class Connection(asyncio.Protocol):
         self.environ: dict = {}
         self.state, self.deadline, self.write_deadline = HANDSHAKE, 0.0, 0.0
         self.since, self.served = 0.0, 0  # when the state began (idle: eviction; busy: stuck check); answers written
-        self.url, self.fields, self.head_fed = None, [], 0  # the head being read: its target, fields, bytes fed
+        # The head being read: its target, fields, the bytes fed for it (counted in the room), its first byte
+        self.url, self.fields, self.head_fed, self.head_since = None, [], 0, 0.0
         self.request: Request | None = None    # the request whose body is being read
         self.answering: Request | None = None  # the request with the app
         self.ready: deque[Request] = deque()   # requests ready for the app, in order
@@ -333,10 +345,18 @@ class Connection(asyncio.Protocol):
 
     def _feed(self, data):
         self.parser.feed_data(data)
-        if self.url is not None:  # a head still incomplete after this slice
-            self.head_fed += len(data)
-            if self.head_fed > HEAD_LIMIT:
+        if self.url is not None:  # a head still incomplete after this slice: the slice is held for it
+            if self.head_fed + len(data) > HEAD_LIMIT:
                 raise Refused(431, f"the request head is over {HEAD_LIMIT} bytes")
+            self._take(len(data), self.head_fed + len(data))
+            self.head_fed += len(data)
+
+    def _take(self, n: int, size: int) -> None:
+        """Count `n` more bytes in the worker's room for a request of `size`, or refuse it (503) when they do
+        not fit."""
+        room = self.site.worker.room
+        if not room.take(n, size, self.loop.time(), self.site.worker.readers, self):
+            raise Refused(503, room.full)
 
     def eof_received(self):
         if self.state == READING and (self.url is not None or (self.request and not self.request.dispatched)):
@@ -356,7 +376,7 @@ class Connection(asyncio.Protocol):
     # llhttp's callbacks (httptools)
 
     def on_message_begin(self):
-        self.url, self.fields, self.head_fed = bytearray(), [], 0
+        self.url, self.fields, self.head_fed, self.head_since = bytearray(), [], 0, self.loop.time()
         if self.state == IDLE:  # blank lines between requests do not begin one
             self.state = READING
             if self.served:  # a connection's first request keeps the deadline set at the handshake's end
@@ -381,7 +401,9 @@ class Connection(asyncio.Protocol):
         if method == b"CONNECT":
             raise Refused(400, "CONNECT is not served")
         length, hosts, expect = 0, 0, False
+        head = len(method) + len(target) + 14  # its size as sent: "METHOD TARGET HTTP/1.1\r\n", fields, "\r\n"
         for name, value in fields:
+            head += len(name) + len(value) + 4
             if cfg.limit_request_field_size and len(name) + len(value) + 2 > cfg.limit_request_field_size:
                 raise Refused(431, f"a header field is over {cfg.limit_request_field_size} bytes")
             if name == b"content-length":
@@ -400,26 +422,37 @@ class Connection(asyncio.Protocol):
             except ValueError:
                 raise Refused(400, "an invalid request target") from None
             target = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
-        room, now = self.site.worker.room, self.loop.time()
         if length and not self.site.bodies:
             raise Refused(413, "no request body is taken on this port")
-        busy = "" if length > self.site.options.max_body or room.admit(length, now, self.site.worker.reading) else (
-            f"over {room.cap} bytes of request bodies in flight in this worker: try again")
+        # The head is counted by its size from now on (the slices held while it came are given back).
+        room, held, busy = self.site.worker.room, head, ""
+        if head > self.head_fed:
+            self._take(head - self.head_fed, head)
+        else:
+            room.give_back(self.head_fed - head)
+        self.head_fed = 0
+        if length <= self.site.options.max_body and not room.make_room(length, head + length, self.loop.time(),
+                                                                       self.site.worker.readers, self):
+            busy, held, fields = room.full, 0, []  # answered 503 from the head, its body dropped: nothing held
+            room.give_back(head)
         over = length > self.site.options.max_body or bool(busy)
         # No protocol switch here: an upgrade request is answered, then the connection closed. A client
         # waiting to be told to continue is told 413 (or 503) instead, and will not send the body: closed after.
         keep = (bool(self.site.keepalive) and version == "1.1" and parser.should_keep_alive() and not parser.should_upgrade()
                 and not (over and (expect or length > DRAIN_LIMIT)))
         self.request = req = Request(method=method, target=target, version=version, headers=fields, length=length,
-                                     keep_alive=keep, over_limit=over, since=now, busy=busy)
-        room.hold(req)
+                                     keep_alive=keep, over_limit=over, since=self.head_since, held=held, busy=busy)
         if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
             self.ready.append(req)
 
     def on_body(self, data: bytes):
-        self.request.received += len(data)
-        if not self.request.over_limit:
-            self.request.body.append(data)
+        req, room = self.request, self.site.worker.room
+        if req.over_limit:
+            return
+        if not room.take(len(data), req.size, self.loop.time(), self.site.worker.readers, self):
+            return self._drop_body(room.full)
+        req.held += len(data)
+        req.body.append(data)
 
     def on_message_complete(self):
         req, self.request = self.request, None
@@ -457,6 +490,13 @@ class Connection(asyncio.Protocol):
         self.answering, self.state, self.since = req, BUSY, self.loop.time()
         self.site.worker.nr += 1
         threads = self.site.worker.threads
+        if env["PATH_INFO"] == "/metrics":  # judges every runtime, waits on the API server with --metrics-auth
+            req.aside = True
+            if not self.site.worker.metrics_threads.offer(self, self.site.app, env):
+                metrics.get().bad_requests.labels("503").inc()
+                self.loop.call_soon(self.respond, "503 Service Unavailable", JSON,
+                                    error_body(503, f"{METRICS_WAITING} scrapes are being answered: try again"))
+            return
         if self.site.tls and req.length <= INLINE_LIMIT:
             # A small review is answered here, on the loop: two thread hand-overs cost more than the review.
             # The app may not block here; a cache miss that needs a live read raises WouldBlock and the
@@ -469,7 +509,7 @@ class Connection(asyncio.Protocol):
             else:
                 self.loop.call_soon(self.respond, *answer)
                 return
-        threads.queue.put((self, self.site.app, env))
+        threads.offer(self, self.site.app, env)
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
                 close: Callable[[], object] | None = None):
@@ -511,16 +551,36 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
+    # webhook.room: what the worker's room counts for this connection
+
+    def reading(self) -> tuple[int, float] | None:
+        """(bytes held, since its first byte) for the request being read, or None."""
+        if self.url is not None:
+            return self.head_fed, self.head_since
+        req = self.request
+        return (req.held, req.since) if req is not None and not req.over_limit else None
+
     def give_way(self, why: str):
-        """webhook.room needs the room: the request being read is answered 503, the rest of its body dropped."""
-        req, req.busy, req.over_limit, req.body = self.request, why, True, []
+        """The room is needed: the request being read is answered 503: a head, then the connection closed; a
+        body, its rest dropped."""
+        if self.url is not None:
+            self._refuse(503, why)
+        else:
+            self._drop_body(why)
+        self._flow()
+
+    def _drop_body(self, why: str):
+        """The request whose body is being read is answered 503 (after the answers before it), the rest of its
+        body dropped as it comes."""
+        req, req.busy, req.over_limit, req.body, req.headers = self.request, why, True, [], []
         self.site.worker.room.release(req)
         self.ready.append(req)
-        self._flow()
 
     def _refuse(self, code: int, message: str):
         """Answer a request the worker refuses itself, after the answers before it, then close."""
         metrics.get().bad_requests.labels(str(code)).inc()
+        self.site.worker.room.give_back(self.head_fed)  # nothing more is read
+        self.head_fed = 0
         self.last = True
         body = error_body(code, message)
         self.refusal = response_head(f"{code} {REASONS.get(code, 'Bad Request')}", JSON, len(body), False) + body
@@ -545,6 +605,8 @@ class Connection(asyncio.Protocol):
     def gone(self):
         for req in (self.request, self.answering, *self.ready):
             self.site.worker.room.release(req)
+        self.site.worker.room.give_back(self.head_fed)
+        self.head_fed = 0
         self.state, self.last = CLOSED, True
         self.deadline = self.write_deadline = 0.0
         self.site.worker.connections.discard(self)

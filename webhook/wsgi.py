@@ -68,10 +68,11 @@ def response_head(status: str, headers: list[tuple[str, str]], length: int, keep
 class AppThreads:
     """The threads that run the WSGI app, fed whole requests through a queue; answers go back to the loop."""
 
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log):
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log, name: str = "app", waiting: int = 0):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.loop, self.log = loop, log
-        self.threads = [threading.Thread(target=self._run, name=f"app-{i}", daemon=True) for i in range(max(1, n))]
+        self.waiting, self.pending = waiting, 0  # requests queued or running: at most `waiting` (0: no limit)
+        self.threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(max(1, n))]
         for t in self.threads:
             t.start()
 
@@ -79,13 +80,26 @@ class AppThreads:
         for _ in self.threads:
             self.queue.put(None)
 
-    def _run(self):  # answers go to conn.respond, on the loop
+    def offer(self, conn, app: WSGIApp, environ: dict) -> bool:
+        """On the loop: the request queued for the threads (its answer to conn.respond, on the loop), or False
+        when `waiting` requests are already queued or running."""
+        if self.waiting and self.pending >= self.waiting:
+            return False
+        self.pending += 1
+        self.queue.put((conn, app, environ))
+        return True
+
+    def _answered(self, conn, answer: Answer) -> None:
+        self.pending -= 1
+        conn.respond(*answer)
+
+    def _run(self):
         get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
         while (item := get()) is not None:
             conn, app, environ = item
             answer = self.call(app, environ)
             try:
-                call_soon(conn.respond, *answer)  # closed on the loop, once written
+                call_soon(self._answered, conn, answer)  # closed on the loop, once written
             except RuntimeError:  # the loop is closed: the worker is exiting
                 close_result(answer[3], self.log)
                 return

@@ -1,13 +1,20 @@
 """`serve --metrics-auth` (issue 25, item 2): the metrics port in HTTPS, /metrics only for a bearer token the
 real API server authenticates (TokenReview) and authorizes for get on /metrics (SubjectAccessReview), as
-kubebuilder's metrics filter does; the probes' paths stay open."""
+kubebuilder's metrics filter does; the probes' paths stay open. A flood of random tokens cannot reach
+admission nor the API server past the rate limit (issue 33, item 5)."""
 
 from __future__ import annotations
 
+import json
+import secrets
+import threading
+import time
+
 import requests
 
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, review, trainjob
 from tests.process import free_port, webhook_server
+from webhook.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
 
 READER = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
           "metadata": {"name": "e2e-metrics-reader"},
@@ -55,3 +62,106 @@ def test_metrics_only_for_a_token_allowed_to_get_them(env, tmp_path):
             assert plain.status_code != 200, "no metrics in plain HTTP"
         except requests.ConnectionError:
             pass  # the TLS listener closes a plain-HTTP client
+
+
+WORKERS = 2  # serve's default
+FLOOD_SECONDS = 10.0
+FLOODERS = 4
+
+
+def token_reviews(cluster) -> float:
+    """TokenReviews the API server has answered (its own apiserver_request_total)."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("apiserver_request_total{") and 'resource="tokenreviews"' in line)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def test_a_flood_of_random_tokens_cannot_reach_admission(env, tmp_path):
+    """Issue 33, item 5: four clients send random bearer tokens to /metrics as fast as they can for ten
+    seconds. TrainJob reviews sent meanwhile are answered as fast as before the flood, a Prometheus
+    connection whose token was allowed before keeps its scrapes, and the API server sees no more
+    TokenReviews than the rate limit lets through (per worker: a burst, then a few a second)."""
+    c = env.cluster
+    c.apply(READER)
+    c.apply(BINDING)
+    allowed = token(c, "e2e-prometheus")
+    port = free_port()
+    body = json.dumps(review(trainjob())).encode()
+    with webhook_server(tmp_path, "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig",
+                        c.kubeconfig, "--metrics-bind", f"127.0.0.1:{port}", "--metrics-auth",
+                        env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (base, ca, log, proc):
+        url = f"https://127.0.0.1:{port}/metrics"
+        api_server = requests.Session()  # reviews on a kept connection, as the API server sends them
+
+        def reviews(seconds: float) -> tuple[list[float], list[str]]:
+            took, failed, end = [], [], time.monotonic() + seconds
+            while time.monotonic() < end:
+                t = time.monotonic()
+                try:
+                    r = api_server.post(base + "/validate", data=body, headers={"Content-Type": "application/json"},
+                                        verify=ca, timeout=10)
+                    if r.status_code != 200 or r.json()["response"]["uid"] != "uid-1":
+                        failed.append(f"{r.status_code} {r.text[:200]}")
+                except requests.RequestException as e:
+                    failed.append(repr(e))
+                took.append(time.monotonic() - t)
+                time.sleep(0.02)
+            return took, failed
+
+        prometheus = requests.Session()
+        assert prometheus.get(url, headers={"Authorization": f"Bearer {allowed}"}, verify=ca,
+                              timeout=10).status_code == 200
+        quiet, failures = reviews(5)
+
+        codes: dict[int, int] = {}
+        stop = threading.Event()
+
+        def flooder() -> None:
+            s = requests.Session()
+            while not stop.is_set():
+                try:
+                    r = s.get(url, headers={"Authorization": f"Bearer {secrets.token_urlsafe(32)}"}, verify=ca,
+                              timeout=10)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                except requests.RequestException:
+                    codes[0] = codes.get(0, 0) + 1
+                    s = requests.Session()
+
+        scrapes: list[int] = []
+
+        def scraper() -> None:  # Prometheus, on its kept connection, every half second
+            while not stop.is_set():
+                scrapes.append(prometheus.get(url, headers={"Authorization": f"Bearer {allowed}"}, verify=ca,
+                                              timeout=10).status_code)
+                time.sleep(0.5)
+
+        before, started = token_reviews(c), time.monotonic()
+        threads = [threading.Thread(target=flooder) for _ in range(FLOODERS)] + [threading.Thread(target=scraper)]
+        for t in threads:
+            t.start()
+        flooded, failed = reviews(FLOOD_SECONDS)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        elapsed = time.monotonic() - started
+        seen = token_reviews(c) - before
+    failures += failed
+    limit = WORKERS * (UNSEEN_BURST + UNSEEN_PER_SECOND * elapsed)
+    figures = {"flood answers": codes, "TokenReviews seen": seen, "limit": round(limit, 1),
+               "review p50/p99 ms quiet": [round(pct(quiet, q) * 1000, 1) for q in (0.5, 0.99)],
+               "review p50/p99 ms flooded": [round(pct(flooded, q) * 1000, 1) for q in (0.5, 0.99)],
+               "reviews flooded": len(flooded), "Prometheus scrapes": scrapes}
+    print("\nflood of random tokens:", json.dumps(figures))
+    assert failures == [], failures[:5]
+    assert sum(codes.values()) > 10 * limit and codes.get(429, 0) > sum(codes.values()) / 2, figures
+    assert seen <= limit, figures
+    assert scrapes and set(scrapes) == {200}, figures
+    # As fast as before the flood: the flood is answered off the loop and off the reviews' threads, and
+    # its tokens never wait on the API server.
+    assert pct(flooded, 0.5) <= 3 * pct(quiet, 0.5) + 0.005, figures
+    assert pct(flooded, 0.99) <= max(5 * pct(quiet, 0.99), 0.05), figures

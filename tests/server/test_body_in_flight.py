@@ -1,15 +1,17 @@
-"""Request bodies a worker holds at once are capped (issue 25, item 1; webhook/room.py).
+"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
-loopback: a large review being read holds its Content-Length, and a second large one that does not fit
-beside it is refused 503 (its body read and dropped); a small one (up to 64 KiB) is never refused; a body stalled past the
-grace period gives way to a newcomer; the room comes back exactly once requests are answered or their
-clients go; the metrics port takes no body at all.
+loopback: a large review being read holds its head and the body bytes received, and a second large one that
+could not fit beside it is refused 503 at its head (its body read and dropped); a small review still gets in;
+a stalled body gives way to a newcomer; the room counts exactly and comes back exactly once requests are
+answered or their clients go; the metrics port takes no body at all. tests/server/test_held_bytes.py floods
+the room with heads and small bodies.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import time
@@ -18,14 +20,13 @@ import pytest
 import requests
 
 from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import free_port, webhook_server
-from webhook.room import Room
+from tests.process import eventually, free_port, webhook_server
+from webhook.room import PATIENCE
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
-MAX_BODY = 400_000
-IN_FLIGHT = 600_000  # room for one body of MAX_BODY, not two
-GRACE = Room(1, 1).grace  # a body read slower than the minimum rate gives way after this long
+MAX_BODY = 2_000_000
+IN_FLIGHT = 3_000_000  # room for one body of MAX_BODY, not two
 
 
 def large_review() -> bytes:
@@ -77,36 +78,54 @@ def post_large(server, body: bytes) -> requests.Response:
                          timeout=20)
 
 
+def held(server) -> float:
+    """What the worker's room counts now (sampled every 0.25 s)."""
+    text = requests.get(f"http://127.0.0.1:{server[2]}/metrics", timeout=10).text
+    return float(re.search(r"^dispatch_admission_request_bytes_held ([0-9.e+]+)$", text, re.M).group(1))
+
+
 def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, request):
     base, ca, _ = server
     body = large_review()
     assert len(body) <= MAX_BODY and 2 * len(body) > IN_FLIGHT
-    # Connected (handshakes done) first, so the heads below reach the worker well inside the grace period.
+    # Connected (handshakes done) first, so the heads below reach the worker together.
     first, second, mid = (connect(server, request) for _ in range(3))
 
-    # The first large review: its head and half its body (the worker holds its length)...
-    first.sendall(head(len(body)) + body[: len(body) // 2])
-    # ... and a mid-size body that still fits beside it: the room is full.
-    mid.sendall(head(IN_FLIGHT - len(body) - 10) + b"{")
-    # A second large one does not fit: 503 at its head, with a JSON error naming the cap.
+    # The first large review: its head and all but the last 1,000 bytes of its body (sent this fast, it
+    # keeps its room for a second, its patience)...
+    first.sendall(head(len(body)) + body[:-1000])
+    # ... and a mid-size body that fits beside it, sent but for its last byte: the room is full but for a
+    # head or two.
+    small = json.dumps(review(trainjob())).encode()
+    spare = 2 * len(head(len(body)))
+    assert len(head(len(small))) + len(small) > spare
+    left = IN_FLIGHT - len(head(len(body))) - (len(body) - 1000) - spare
+    sent = left - len(head(left + 1))
+    mid.sendall(head(sent + 1) + b"{" * sent)
+    full = IN_FLIGHT - spare
+    eventually(lambda: held(server) == full, f"{full} bytes held")
+    # A second large one could not fit (both are read fast, and not for long: neither gives way): 503 at
+    # its head, with a JSON error naming the cap.
     second.sendall(head(len(body)))
     status, data = read_status(second)
     assert status == 503, data[:300]
-    assert f"over {IN_FLIGHT} bytes of request bodies in flight".encode() in data
+    assert f"over {IN_FLIGHT} bytes of requests in flight".encode() in data
     # Its body is dropped as it comes (not held), then the connection serves the next request: a client
-    # sending its whole body before it reads is not reset under the answer.
+    # sending its whole body before it reads is not reset under the answer. Past the patience, the
+    # stalled mid-size body gives way to that small review (the slower of the two being read), so a
+    # client stalling large bodies cannot turn the API server's usual reviews away.
+    time.sleep(PATIENCE)
     second.sendall(body)
-    small = json.dumps(review(trainjob())).encode()
     second.sendall(head(len(small)) + small)
     status, data = read_status(second)
     assert status == 200, data[:300]
-    # A small review is never refused (a client stalling large bodies cannot turn the API server's usual
-    # reviews away), and is judged: no entry, so refused by the rules.
+    status, data = read_status(mid)
+    assert status == 503 and b"this worker's room for requests" in data, data[:300]
     small = requests.post(base + "/validate", json=review(trainjob()), verify=ca, timeout=20)
     assert small.status_code == 200 and small.json()["response"]["uid"] == "uid-1"
 
     # The first is answered in full once its body is in; with the mid-size one gone, a large review fits.
-    first.sendall(body[len(body) // 2:])
+    first.sendall(body[-1000:])
     status, data = read_status(first)
     assert status == 200, data[:300]
     mid.close()
@@ -116,22 +135,23 @@ def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, reques
 
 
 def test_a_stalled_body_gives_way_to_a_newcomer(server, request):
-    """A client that declares a large body and stalls cannot hold the room: past the grace period, read
-    slower than the minimum rate, it is answered 503 (the rest of its body dropped) to make room for the
-    next large review."""
+    """A client that sends part of a large body and stalls cannot hold the room: being read for longer than
+    the patience (or, past the grace, slower than the minimum rate), it is answered 503 (the rest of its
+    body dropped) to make room for the next large review."""
     body = large_review()
     staller = connect(server, request)
-    staller.sendall(head(len(body)) + body[:1000])
-    time.sleep(GRACE + 0.5)
+    staller.sendall(head(len(body)) + body[:IN_FLIGHT - len(body)])  # the next one cannot fit beside it
+    time.sleep(PATIENCE + 0.2)
     r = post_large(server, body)
     assert r.status_code == 200, r.text[:300]
     status, data = read_status(staller)  # answered, not reset: every client gets an answer
-    assert status == 503 and b"bytes/s while this worker's room" in data, data[:300]
+    assert status == 503 and b"this worker's room for requests" in data, data[:300]
 
 
-def test_the_room_comes_back_exactly(server, request):
-    """Clients that go away mid-body, and answered requests, leave nothing counted: a body of exactly the
-    cap fits afterwards (one byte counted too many would refuse it)."""
+def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
+    """The room counts a request's head by its size and its body by the bytes received, not the length it
+    declares; clients that go away mid-body, and answered requests, leave nothing counted, so a request of
+    exactly the cap fits beside one being read (one byte counted too many would refuse it)."""
     body = large_review()
     for _ in range(3):
         gone = connect(server, request)
@@ -139,15 +159,20 @@ def test_the_room_comes_back_exactly(server, request):
         time.sleep(0.2)
         gone.close()
     assert post_large(server, body).status_code == 200
-    time.sleep(0.5)
+    eventually(lambda: held(server) == 0, "nothing held")
     holder, exact = connect(server, request), connect(server, request)
-    holder.sendall(head(len(body)) + body[:1000])
-    exact.sendall(head(IN_FLIGHT - len(body)))  # fits only if nothing else is counted
-    holder.sendall(body[1000:])
+    holder.sendall(head(len(body)) + body[:-1000])
+    counted = len(head(len(body))) + len(body) - 1000
+    eventually(lambda: held(server) == counted, f"the holder's {counted} bytes counted")
+    length = IN_FLIGHT - counted - len(head(IN_FLIGHT - counted))
+    exact.sendall(head(length))  # fits only if nothing else is counted
+    holder.sendall(body[-1000:])
     assert read_status(holder)[0] == 200
-    exact.sendall(b"x" * (IN_FLIGHT - len(body)))
+    exact.sendall(b"x" * length)
     status, data = read_status(exact)
     assert status == 400 and b"JSON" in data, data[:300]  # read whole and answered (not JSON), not refused 503
+    exact.close()
+    eventually(lambda: held(server) == 0, "nothing held")
 
 
 def test_the_metrics_port_takes_no_body(server):

@@ -1,6 +1,7 @@
 """The offline CLI, run as a user runs it: the console script in a subprocess."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -125,6 +126,20 @@ def test_serve_sizes_and_counts_must_be_above_zero(flag):
         got = subprocess.run([sys.executable, "-m", "webhook", "serve", flag, value], capture_output=True, text=True,
                              timeout=60)
         assert got.returncode == 2 and f"argument {flag}" in got.stderr and "is not above 0" in got.stderr, got.stderr
+
+
+@pytest.mark.parametrize("flags", [["--bind", "127.0.0.1:9443", "--metrics-bind", "127.0.0.1:9443"],
+                                   ["--bind", "0.0.0.0:9443", "--metrics-bind", "localhost:9443"],
+                                   ["--bind", "[::1]:9443", "--metrics-bind", "[::]:9443"],
+                                   ["--dev", "--metrics-bind", "localhost:8443"],
+                                   ["--metrics-bind", "10.0.0.1:8443"]])
+def test_the_metrics_port_is_not_the_review_port(flags):
+    """--metrics-bind on the port --bind serves (given, or its default) would serve the metrics and the
+    reviews on one listener (or fail to bind): refused before anything starts, naming both flags (exit 2)."""
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", *flags], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"})
+    assert got.returncode == 2 and "--metrics-bind" in got.stderr and "--bind" in got.stderr, got.stderr
+    assert "a port of their own" in got.stderr
 
 
 def test_metrics_auth_needs_the_metrics_port():
