@@ -540,12 +540,13 @@ def test_a_credential_named_like_a_claim_template_is_refused_by_r5_saying_what_t
 
     c = node_env.cluster
     c.apply(claim_runtime(node_env.images))
-    route1, _ = _settings(tmp_path, node_env.images)
+    route1, route2 = _settings(tmp_path, node_env.images)
     doc = json.loads(route1.read_text())
     doc["credentials"][0]["name"] = CLAIM
-    route1.write_text(json.dumps(doc))
+    named = tmp_path / "route1-credential-named-like-the-claim.json"
+    named.write_text(json.dumps(doc))
     with contextlib.ExitStack() as stack:
-        hooks = start_our_webhooks(stack, c, tmp_path, " (claim)", (route1, _settings(tmp_path, node_env.images)[1]))
+        hooks = start_our_webhooks(stack, c, tmp_path, " (claim)", (named, route2))
         with webhooks_swapped(c, [node_env.route1, node_env.route2], hooks):
             got = c.apply(trainjob("r1-claim-cred", "torch-claim"), check=False)
     assert got.returncode != 0 and c.get("trainjob", "r1-claim-cred", NS) is None
