@@ -299,13 +299,14 @@ class FakeCluster:
     """Answers as a cluster would; `script` gives the pods of each poll."""
 
     def __init__(self, runtime=None, script=None, create_error=None, on_poll=None, secrets=("s3-credentials",),
-                 events=None):
+                 events=None, nodes=None):
         self.rt = runtime if runtime is not None else {"spec": {"template": {"spec": {"replicatedJobs": [
             {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}}]}}}}
         self.script = list(script or [])
         self.create_error, self.on_poll = create_error, on_poll
-        self.secrets = set(secrets)  # the Secrets in the namespace (None: the user may not read them)
+        self.secrets = set(secrets) if secrets is not None else None  # None: the user may not read them
         self.script_events = events or []
+        self.node_list = nodes if nodes is not None else [_node("n1")]
         self.jobs: dict[str, dict] = {}
         self.deleted: list[str] = []
         self.dry_runs = 0
@@ -319,7 +320,7 @@ class FakeCluster:
         return self.rt if name != "missing" else None
 
     def nodes(self):
-        return [_node("n1")]
+        return self.node_list
 
     def create(self, namespace, doc, dry_run=False):
         if self.create_error:
@@ -408,7 +409,7 @@ def test_keep_leaves_the_probe():
     assert code == 0 and not cluster.deleted and cluster.jobs and "(probes kept: --keep)" in out
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_mid_run_deletes_the_probes_and_reports(sig, code):
     cluster = FakeCluster(script=[[pod(node_state={"running": {}})]],
                           on_poll=lambda n: n == 3 and os.kill(os.getpid(), sig))
