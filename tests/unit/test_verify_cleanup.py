@@ -260,3 +260,13 @@ def test_a_secret_verify_may_not_read_is_said_and_the_run_goes_on():
 SETTINGS_WITH_CREDENTIAL = {"manager": S1.manager, "publish": {"image": S1.publish.image},
                             "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials",
                                              "mountPath": "/var/run/dispatch/creds"}]}
+
+
+def test_a_user_who_may_not_list_trainjobs_goes_without_the_sweep_unsaid():
+    class NoList(FakeCluster):
+        def probes(self, namespace):
+            raise PermissionError("trainjobs is forbidden")
+
+    cluster = NoList(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
+    code, _, err = _run(cluster)
+    assert code == 0 and err == ""
