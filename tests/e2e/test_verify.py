@@ -46,7 +46,7 @@ USER_RULES_NS = [
     {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["s3-credentials"], "verbs": ["get"]},
 ]
 USER_RULES_CLUSTER = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
@@ -88,30 +88,33 @@ def line_of(run: Run, probe_prefix: str = "verify-") -> str:
     return next(line for line in run.out.splitlines() if line.startswith(probe_prefix))
 
 
-def too_big_runtime(node_env) -> dict:  # noqa: F811
-    """Trainer's torch runtime with a request no node has."""
+def torch_variant(node_env, name: str, **node_container) -> dict:  # noqa: F811
+    """Trainer's torch runtime under another name; `volumes` go on the node pod, the rest on its container."""
     rt = json.loads(json.dumps(node_env.cluster.get("clustertrainingruntime", "torch-distributed")))
-    rt["metadata"] = {"name": TOO_BIG}
-    node_pod(rt)["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    rt["metadata"] = {"name": name}
+    if "volumes" in node_container:
+        node_pod(rt)["volumes"] = node_container.pop("volumes")
+    node_pod(rt)["containers"][0].update(node_container)
     return rt
+
+
+def too_big_runtime(node_env) -> dict:  # noqa: F811
+    """A request no node has."""
+    return torch_variant(node_env, TOO_BIG, resources={"requests": {"cpu": "64"}})
 
 
 def needs_config_runtime(node_env) -> dict:  # noqa: F811
-    """Trainer's torch runtime whose node container mounts the ConfigMap `train-config` (in no namespace)."""
-    rt = json.loads(json.dumps(node_env.cluster.get("clustertrainingruntime", "torch-distributed")))
-    rt["metadata"] = {"name": NEEDS_CONFIG}
-    node_pod(rt)["volumes"] = [{"name": "train-config", "configMap": {"name": "train-config"}}]
-    node_pod(rt)["containers"][0]["volumeMounts"] = [{"name": "train-config", "mountPath": "/etc/train"}]
-    return rt
+    """The node container mounts the ConfigMap `train-config` (in no namespace)."""
+    return torch_variant(node_env, NEEDS_CONFIG,
+                         volumes=[{"name": "train-config", "configMap": {"name": "train-config"}}],
+                         volumeMounts=[{"name": "train-config", "mountPath": "/etc/train"}])
 
 
 def waits_for_claim_runtime(node_env) -> dict:  # noqa: F811
-    """Trainer's torch runtime whose pods mount the claim `pending-claim`: no class, no volume, Pending for ever."""
-    rt = json.loads(json.dumps(node_env.cluster.get("clustertrainingruntime", "torch-distributed")))
-    rt["metadata"] = {"name": WAITS_FOR_CLAIM}
-    node_pod(rt)["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "pending-claim"}}]
-    node_pod(rt)["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
-    return rt
+    """The pods mount the claim `pending-claim`: no class, no volume, Pending for ever."""
+    return torch_variant(node_env, WAITS_FOR_CLAIM,
+                         volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "pending-claim"}}],
+                         volumeMounts=[{"name": "data", "mountPath": "/data"}])
 
 
 def user_kubeconfig(c, user: str = "verifier", namespace: str = USER_NS, rules_ns: list | None = None) -> str:
