@@ -36,6 +36,11 @@ NODE_WARNING = "node-warning"
 
 UNRESOLVABLE = "Preemption is not helpful for scheduling"
 SCALE_UP_EVENTS = ("TriggeredScaleUp", "Nominated")  # cluster-autoscaler; Karpenter
+# The kubelet's warnings that hold a pod before its containers exist (pkg/kubelet/events). Not every warning:
+# `MissingClusterDNS`, say, comes with pods that run.
+HOLDING_EVENTS = ("FailedCreatePodSandBox", "FailedPodSandBoxStatus", "FailedAttachVolume", "FailedMapVolume",
+                  "FailedMountOnFilesystemMismatch", "FailedPrepareDynamicResources", "FailedCreatePodContainer",
+                  "NetworkNotReady", "FailedNodeDeclaredFeaturesCheck")
 NO_NODES = "no nodes available to schedule pods"
 UNBOUND_CLAIMS = "pod has unbound immediate PersistentVolumeClaims"
 EPHEMERAL_CLAIM = "waiting for ephemeral volume controller to create the persistentvolumeclaim"
@@ -46,7 +51,8 @@ _KEY = re.compile(r"couldn't find key (?P<key>\S+) in (?P<kind>Secret|ConfigMap)
 _PVC_MISSING = re.compile(r'persistentvolumeclaim "(?P<name>[^"]+)" not found')
 _PREEMPTION = re.compile(r"preemption: 0/(?P<nodes>\d+) nodes are available: (?P<outcome>.*?)\.?\s*$", re.S)
 _OUTCOME = re.compile(r"(\d+) ([^,]+)")
-_PULLED_IMAGE = re.compile(r'(?:Failed to pull image|Back-off pulling image|pull image) "(?P<image>[^"]+)"')
+# `Failed to pull image "I"`, `Back-off pulling image "I"`, `failed to pull and unpack image "I"` (containerd)
+_PULLED_IMAGE = re.compile(r'pull(?:ing)?(?: and unpack)? image "(?P<image>[^"]+)"', re.I)
 _KIND_NAME = {"secret": "Secret", "configmap": "ConfigMap"}
 
 
@@ -178,12 +184,11 @@ def pull_hint(message: str, publish_image: str) -> str:
 
 
 def node_warning(events: Iterable[dict]) -> Cause | None:
-    """The kubelet's latest warning on a scheduled pod that has not started (a sandbox that cannot be made, a
-    volume it waits for): what the pod waits on when nothing above names it."""
-    found = [e for e in events if e.get("type") == "Warning" and e.get("reason") not in ("FailedScheduling",)]
-    if not found:
+    """The kubelet's latest warning that holds a scheduled pod before its containers exist (a sandbox that
+    cannot be made, a volume not attached): what the pod waits on when nothing above names it."""
+    event = latest(events, HOLDING_EVENTS)
+    if event is None:
         return None
-    event = max(found, key=_when)
     return Cause(NODE_WARNING, f"{event.get('reason')}: {(event.get('message') or '').strip()}",
                  "read the message; `kubectl describe pod` on a kept probe (--keep) shows the rest", final=False)
 
