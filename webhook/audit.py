@@ -4,6 +4,10 @@ with the webhook's own rules (`core.audit`). List calls only; nothing is written
 Runtimes are few and held in memory (TrainJobs are judged against them); TrainJobs are listed in pages
 (`limit`/`continue`) and judged as they arrive, so 50,000 of them fit in bounded memory. A progress bar
 goes to stderr when it is a terminal.
+
+Then the credentials' Secrets the TrainJobs mount: one list of Secrets per Secret name (a field selector on
+the name, metadata only: never their data), and a `secret-missing` finding per namespace lacking one. Without
+the right to list Secrets, audit says so on stderr and judges the rest.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from collections import Counter
 from typing import IO, Iterator
 
 from .core.admission import Admission
-from .core.audit import Finding, Verdict, judge_runtime, judge_trainjob
+from .core.audit import CredentialSecrets, Finding, Verdict, judge_runtime, judge_trainjob
 from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
 from .core.settings import Settings
 
 EXIT_OK, EXIT_FINDINGS = 0, 1
+# A metadata-only list: which Secrets exist, never their data.
+METADATA_LIST = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
 
 
 class ClusterUnreadable(Exception):
@@ -85,23 +91,59 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
     from .cluster import api_client
 
     try:
-        api = client.CustomObjectsApi(api_client(kubeconfig, prefer_kubeconfig=True))
+        connection = api_client(kubeconfig, prefer_kubeconfig=True)
     except Exception as e:
         raise ClusterUnreadable(f"{type(e).__name__}: {str(e)[:300]}") from None
+    api = client.CustomObjectsApi(connection)
     runtimes = [r for kind in KINDS for items, _ in pages(api, kind, namespace, limit)
                 for r in items]
     admission = Admission(settings, RuntimeIndex(runtimes))
     report = Report(output, out)
     for rt in runtimes:
         report.add(judge_runtime(admission, rt))
+    mounted = CredentialSecrets(settings.manager)
     with _progress(err) as bar:
         for items, remaining in pages(api, TRAINJOB_KIND, namespace, limit):
             if remaining is not None:
                 bar.total = bar.n + len(items) + remaining
             for job in items:
                 report.add(judge_trainjob(admission, job))
+                mounted.add(job)
             bar.update(len(items))
+    try:
+        present = existing_secrets(client.CoreV1Api(connection), mounted.secrets(), namespace, limit)
+    except ClusterUnreadable as e:
+        err.write(f"audit: the credentials' Secrets were not checked: {e} (list on secrets is needed; only their"
+                  " metadata is read)\n")
+    else:
+        for finding in mounted.missing(present):
+            report.add(finding)
     return report.close()
+
+
+def existing_secrets(core_api, wanted: dict[str, set[str]], namespace: str | None,
+                     limit: int) -> set[tuple[str, str]]:
+    """(namespace, name) of each Secret in `wanted` (name: the namespaces that mount it) that exists."""
+    from kubernetes.client.exceptions import ApiException
+
+    present = set()
+    for secret in sorted(wanted):
+        token = None
+        while True:
+            kw = {"field_selector": f"metadata.name={secret}", "limit": limit, "_headers": METADATA_LIST,
+                  "_preload_content": False, "_request_timeout": (5, 60), **({"_continue": token} if token else {})}
+            try:
+                got = json.loads((core_api.list_namespaced_secret(namespace, **kw) if namespace
+                                  else core_api.list_secret_for_all_namespaces(**kw)).data)
+            except ApiException as e:
+                raise ClusterUnreadable(f"list secrets: {e.status} {e.reason}") from None
+            except Exception as e:
+                raise ClusterUnreadable(f"list secrets: {type(e).__name__}: {str(e)[:300]}") from None
+            present |= {((i.get("metadata") or {}).get("namespace"), secret) for i in got.get("items") or []}
+            token = (got.get("metadata") or {}).get("continue")
+            if not token:
+                break
+    return present
 
 
 def _progress(err: IO[str]):

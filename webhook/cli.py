@@ -16,6 +16,7 @@ from .core import settings as settings_mod
 from .core.admission import Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
 from .certs.context import DEFAULT_CIPHERS
+from .core.verify_cleanup import MAX_PROBES
 from .files import RuntimeFileError, load_runtimes, load_settings
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
@@ -143,14 +144,36 @@ def cmd_audit(args) -> int:
 def cmd_verify(args) -> int:
     from . import verify
 
+    if args.cleanup:
+        return _verify_cleanup(args)
+    if args.all_namespaces:
+        raise Unusable("--all-namespaces goes with --cleanup only (the probes of one run go in one namespace)")
+    if not args.runtime:
+        raise Unusable("--runtime KIND/NAME is required (or --cleanup, to remove the probes earlier runs left)")
     s = _settings(args.settings) if args.settings else None
     try:
         opts = verify.Options(
             runtime=args.runtime, namespace=args.namespace, kubeconfig=args.kubeconfig, settings=s,
             per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
-            labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output)
+            labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output,
+            max_probes=args.max_probes)
         verify.parse_runtime(args.runtime)
         return verify.run(opts, sys.stdout, sys.stderr)
+    except verify.Unusable as e:
+        raise Unusable(str(e)) from None
+
+
+def _verify_cleanup(args) -> int:
+    from . import verify, verify_cleanup
+
+    if args.runtime:
+        raise Unusable("--cleanup makes no probe: leave out --runtime")
+    if args.all_namespaces and args.namespace:
+        raise Unusable("--cleanup: --namespace or --all-namespaces, not both")
+    opts = verify_cleanup.Options(namespace=args.namespace, all_namespaces=args.all_namespaces,
+                                  kubeconfig=args.kubeconfig, output=args.output)
+    try:
+        return verify_cleanup.run(opts, sys.stdout)
     except verify.Unusable as e:
         raise Unusable(str(e)) from None
 
@@ -364,19 +387,27 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="prove the publish route on a live cluster: run probe TrainJobs through the"
                        " installed webhook and report the stage each reached (SPEC 9)")
-    v.add_argument("--runtime", required=True, metavar="KIND/NAME",
-                   help="ClusterTrainingRuntime/NAME or TrainingRuntime/NAME (in --namespace)")
+    v.add_argument("--runtime", metavar="KIND/NAME",
+                   help="ClusterTrainingRuntime/NAME or TrainingRuntime/NAME (in --namespace); required but with"
+                        " --cleanup")
     v.add_argument("--namespace", help="where the probes go (default: the kubeconfig context's, else default)")
     v.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
     v.add_argument("--settings", help="the webhook's settings: the stored entry and pod template are checked"
                    " against them (default: its manager is the default one, and the entry is read as it is)")
     v.add_argument("--per-node", action="store_true", help="one probe per schedulable node, each pinned to it")
+    v.add_argument("--max-probes", type=_positive(int), default=MAX_PROBES, metavar="N",
+                   help=f"refuse (exit 2) a run that would make more probes than this (default {MAX_PROBES}): each"
+                        " asks for what the runtime's pods do, GPUs included")
     v.add_argument("--image", help="the trainer image (default: the runtime's)")
     v.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a label on the probes (repeatable), such as kueue.x-k8s.io/queue-name=QUEUE")
     v.add_argument("--timeout", type=float, default=300, metavar="SECONDS",
                    help="how long a probe may take to run (default 300)")
-    v.add_argument("--keep", action="store_true", help="leave the probes in the cluster (default: deleted)")
+    v.add_argument("--keep", action="store_true", help="leave the probes in the cluster (default: deleted); a kept"
+                   " probe expires an hour after the run, then --cleanup or the next verify removes it")
+    v.add_argument("--cleanup", action="store_true", help="make no probe: remove the probes earlier runs left in"
+                   " --namespace that have expired (each carries its expiry), then exit")
+    v.add_argument("--all-namespaces", action="store_true", help="with --cleanup: in every namespace")
     v.add_argument("--output", choices=["table", "json"], default="table")
     v.add_argument("--command", dest="probe_command", nargs=argparse.REMAINDER, metavar="ARG",
                    help="the trainer command, in place of /opt/dispatch/publish --help (last: it takes every"

@@ -2,14 +2,21 @@
 report the stage each reached (`core.verify` judges; this module talks to the API server).
 
 Calls made, and the RBAC they need: get of the runtime (ClusterTrainingRuntime, or TrainingRuntime in NS);
-list of nodes (--per-node); create, get and delete of TrainJobs in NS (the only writes: the probes, labelled
-`dispatch.go.phpboyscout.uk/verify`); list of pods and events in NS, and get of pods/log. Progress is polled,
-once a second: one probe's pods and events are a handful of small reads.
+list of nodes (--per-node); create, get, list and delete of TrainJobs in NS (the only writes: the probes,
+labelled `dispatch.go.phpboyscout.uk/verify`, and the deletes of expired ones, `verify_cleanup`); get of the
+credentials' Secrets in NS, metadata only (optional: without it verify says so and goes on); list of pods and
+events in NS, and get of pods/log. Progress is polled, once a second: one probe's pods and events are a
+handful of small reads.
 
-The probes are deleted on every path (done, failed, timed out, SIGINT, SIGTERM) unless --keep: their names
-are chosen before the create, so a signal that lands mid-create still leaves a name to delete; the delete
-cascades in the background (the garbage collector takes the JobSet, Jobs and pods), and verify waits
-(bounded) until the TrainJob and its pods are gone.
+Before the first probe, verify checks that each credential's Secret exists in NS (the credentials of
+--settings, else those the installed webhook adds, read from a server-side dry run of the probe's create):
+a TrainJob mounting a missing Secret waits for ever.
+
+The probes are deleted on every path (done, failed, timed out, SIGINT, SIGTERM, SIGHUP) unless --keep, each
+with its UID as a precondition (never an object of the same name made since by someone else): their names
+are chosen before the create, so a signal that lands mid-create still leaves a name to look up (a probe of
+this run carries its run label); the delete cascades in the background (the garbage collector takes the
+JobSet, Jobs and pods), and verify waits (bounded) until the TrainJob and its pods are gone.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from .core import verify as core
+from .core import verify_cleanup as leftovers
+from .core import verify_causes as causes
+from .core import verify_report as report
+from .core.patch import entry_secrets
 from .core.rules import runtime_facts
 from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
 from .core.settings import DEFAULT_MANAGER, Settings
@@ -30,7 +41,10 @@ KIND_NAMES = {name: kind for kind in KINDS for name in (kind.lower(), PLURALS[ki
 TIMEOUT = (5, 30)            # connect, read: for every call
 POLL_SECONDS = 1.0
 GONE_SECONDS = 90.0          # how long cleanup waits for the probes to be gone
-EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A metadata-only read: whether a Secret exists, never its data.
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
 
 
 class Unusable(Exception):
@@ -38,7 +52,7 @@ class Unusable(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM: stop waiting, clean up, report."""
+    """SIGINT, SIGTERM or SIGHUP (the terminal closed): stop waiting, clean up, report."""
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -58,6 +72,7 @@ class Options:
     timeout: float = 300.0
     keep: bool = False
     output: str = "table"
+    max_probes: int = leftovers.MAX_PROBES
 
 
 def parse_runtime(text: str) -> tuple[str, str]:
@@ -156,9 +171,38 @@ class Cluster:
             raise _fault("cannot list nodes (--per-node)", e) from None
         return _json(got).get("items") or []
 
-    def create(self, namespace: str, trainjob: dict) -> dict:
+    def create(self, namespace: str, trainjob: dict, dry_run: bool = False) -> dict:
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", trainjob,
+                                                           dry_run="All" if dry_run else None,
                                                            _request_timeout=TIMEOUT)
+
+    def probes(self, namespace: str | None) -> tuple[list[dict], str | None]:
+        """Every TrainJob labelled as a probe in `namespace` (None: every namespace), and the server's `Date`."""
+        items, token, date = [], None, None
+        while True:
+            kw = {"label_selector": core.PROBE_LABEL, "limit": 500, "_request_timeout": TIMEOUT,
+                  "_preload_content": False, **({"_continue": token} if token else {})}
+            got = (self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", **kw)
+                   if namespace else self.custom.list_cluster_custom_object(GROUP, VERSION, "trainjobs", **kw))
+            date = date or got.headers.get("Date")
+            page = _json(got)
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, date
+
+    def secret_exists(self, namespace: str, name: str) -> tuple[bool | None, str]:
+        """(True or False, "") when the API server says; (None, why) when it cannot be told (RBAC, a fault)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.read_namespaced_secret(name, namespace, _headers=METADATA_ONLY, _preload_content=False,
+                                             _request_timeout=TIMEOUT)
+            return True, ""
+        except ApiException as e:
+            return (False, "") if e.status == 404 else (None, _api_error(e))
+        except Exception as e:
+            return None, f"{type(e).__name__}: {str(e)[:200]}"
 
     def trainjob(self, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
@@ -192,17 +236,24 @@ class Cluster:
         except Exception as e:
             return f"(the output cannot be read: {type(e).__name__})"
 
-    def delete(self, namespace: str, name: str) -> None:
+    def delete(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the TrainJob `name` if it is still the object `uid`; False when another object has the name
+        now (the precondition failed: it is left alone). Gone already is deleted."""
+        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
+        # Background, not Foreground: while a foreground delete waits on its JobSet, Trainer (v2.3.0) makes
+        # the JobSet again for the TrainJob still there, and the probe's pods come back (seen on the node).
+        options = client.V1DeleteOptions(propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid))
         try:
-            # Background, not Foreground: while a foreground delete waits on its JobSet, Trainer (v2.3.0) makes
-            # the JobSet again for the TrainJob still there, and the probe's pods come back (seen on the node).
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
-                                                        propagation_policy="Background", _request_timeout=TIMEOUT)
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name, body=options,
+                                                        _request_timeout=TIMEOUT)
         except ApiException as e:
+            if e.status == 409:  # "Precondition failed: UID in precondition: ..., UID in object meta: ..."
+                return False
             if e.status != 404:
                 raise
+        return True
 
 
 def _json(response) -> dict:
@@ -225,8 +276,8 @@ class Verify:
         self.opts, self.cluster, self.out, self.err, self.show_progress = opts, cluster, out, err, progress
         self.clock, self.sleep = clock, sleep
         self.run_id = secrets.token_hex(4)
-        self.probes: list[core.Probe] = []
-        self.attempted: list[str] = []  # every name a create was sent for
+        self.probes: list[report.Probe] = []
+        self.uids: dict[str, str | None] = {}  # every name a create was sent for: its UID, once the answer came
         self.manager = opts.settings.manager if opts.settings is not None else DEFAULT_MANAGER
         self.expected = None
 
@@ -246,9 +297,17 @@ class Verify:
             nodes = core.schedulable_nodes(self.cluster.nodes(), core.runtime_tolerations(runtime))
             if not nodes:
                 raise Unusable("--per-node: no schedulable node (Ready, not cordoned, taints tolerated by the runtime)")
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        signal.signal(signal.SIGINT, _raise_on("SIGINT"))
-        signal.signal(signal.SIGTERM, _raise_on("SIGTERM"))
+        refusal = leftovers.over_cap(len(nodes), self.opts.max_probes, leftovers.runtime_asks(runtime))
+        if refusal:
+            raise Unusable(refusal)
+        from .verify_cleanup import sweep_before_run
+
+        sweep_before_run(self.cluster, namespace, self.err)
+        self._check_credentials(namespace, self._probe_doc(f"verify-{secrets.token_hex(3)}", kind, name, namespace,
+                                                           runtime, nodes[0]))
+        previous = {s: signal.getsignal(s) for s in SIGNALS}
+        for s in SIGNALS:
+            signal.signal(s, _raise_on(signal.Signals(s).name))
         stopped_by = None
         try:
             try:
@@ -260,7 +319,7 @@ class Verify:
                 for p in self.probes:
                     p.status = core.interrupted(p.status, e.name)
         finally:
-            for s in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
+            for s in SIGNALS:  # a second Ctrl-C (or the terminal closing) must not cut the cleanup short
                 signal.signal(s, signal.SIG_IGN)
             try:
                 deleted = self._cleanup(namespace)
@@ -268,27 +327,51 @@ class Verify:
                 for s, h in previous.items():
                     signal.signal(s, h)
         self._progress_done()
-        text = core.render_json(self.probes) if self.opts.output == "json" else \
-            core.render_table(self.probes, deleted=deleted)
+        text = report.render_json(self.probes) if self.opts.output == "json" else \
+            report.render_table(self.probes, deleted=deleted)
         self.out.write(text)
         self.out.flush()
         if stopped_by:
             return EXIT_SIGNAL[stopped_by]
-        return core.exit_code(self.probes)
+        return report.exit_code(self.probes)
+
+    def _probe_doc(self, name: str, kind: str, runtime_name: str, namespace: str, runtime: dict,
+                   node: dict | None) -> dict:
+        ttl = leftovers.probe_ttl(self.opts.timeout, GONE_SECONDS, self.opts.keep)
+        return core.probe_trainjob(name, namespace, kind, runtime_name, self.run_id, self.opts.command,
+                                   self.opts.image, self.opts.labels, node, core.runtime_jobs(runtime), ttl=ttl)
+
+    def _check_credentials(self, namespace: str, doc: dict) -> None:
+        """Each credential's Secret must exist in the namespace: the pods of every TrainJob there mount it, and
+        wait for it for ever. The credentials are those of --settings, else those the installed webhook adds
+        (a server-side dry run of the probe's create: nothing is stored)."""
+        if self.opts.settings is not None:
+            needed = [(c.name, c.secret) for c in self.opts.settings.credentials]
+        else:
+            try:
+                needed = entry_secrets(core.find_entry(self.cluster.create(namespace, doc, dry_run=True), self.manager))
+            except Exception:  # a refusal, no permission, a webhook without dry run: the create itself says why
+                return
+        for volume, secret in needed:
+            exists, why = self.cluster.secret_exists(namespace, secret)
+            if exists is False:
+                raise Unusable(causes.missing_credential(secret, volume, namespace))
+            if exists is None:
+                self.err.write(f"verify: cannot tell whether Secret {secret} (credential {volume}) exists in namespace"
+                               f" {namespace}: {why}; going on\n")
 
     def _create(self, kind: str, runtime_name: str, namespace: str, runtime: dict, node: dict | None) -> None:
         from kubernetes.client.exceptions import ApiException
 
         name = f"verify-{secrets.token_hex(3)}"
-        doc = core.probe_trainjob(name, namespace, kind, runtime_name, self.run_id, self.opts.command,
-                                  self.opts.image, self.opts.labels, node, core.runtime_jobs(runtime))
-        probe = core.Probe(name, namespace, f"{kind}/{runtime_name}",
-                           pinned=node["metadata"]["name"] if node is not None else "")
-        self.attempted.append(name)
+        doc = self._probe_doc(name, kind, runtime_name, namespace, runtime, node)
+        probe = report.Probe(name, namespace, f"{kind}/{runtime_name}",
+                             pinned=node["metadata"]["name"] if node is not None else "")
+        self.uids[name] = None
         try:
             stored = self.cluster.create(namespace, doc)
         except ApiException as e:
-            self.attempted.remove(name)  # the API server answered: nothing was made
+            del self.uids[name]  # the API server answered: nothing was made
             message = _api_error(e)
             if "denied the request" in message:  # a webhook's refusal: this probe's answer
                 probe.status = core.refused(message)
@@ -297,6 +380,7 @@ class Verify:
             raise Unusable(f"cannot create TrainJobs in namespace {namespace}: {message}") from None
         except Exception as e:
             raise _fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
+        self.uids[name] = (stored.get("metadata") or {}).get("uid")
         probe.status = core.classify(stored, [], [], self.manager)
         self.probes.append(probe)
 
@@ -316,10 +400,14 @@ class Verify:
                 return
             self.sleep(POLL_SECONDS)
 
-    def _observe(self, p: core.Probe, namespace: str) -> None:
+    def _ours(self, trainjob: dict | None, name: str) -> bool:
+        uid = ((trainjob or {}).get("metadata") or {}).get("uid")
+        return trainjob is not None and (self.uids.get(name) is None or uid == self.uids[name])
+
+    def _observe(self, p: report.Probe, namespace: str) -> None:
         try:
             trainjob = self.cluster.trainjob(namespace, p.name)
-            if trainjob is None:
+            if not self._ours(trainjob, p.name):
                 p.status = core.Status(p.status.reached, done=True, failure=core.Failure(
                     core.next_stage(p.status.reached), "the probe TrainJob was deleted by someone else",
                     "run verify again"))
@@ -341,22 +429,30 @@ class Verify:
             p.output = self.cluster.log_tail(namespace, p.status.pod, p.status.container, p.status.previous,
                                              core.OUTPUT_LINES).rstrip("\n")
 
+    def _own_uid(self, namespace: str, name: str) -> str | None:
+        """The UID of a probe whose create got no answer: the object of that name, if it is this run's."""
+        job = self.cluster.trainjob(namespace, name)
+        labels = ((job or {}).get("metadata") or {}).get("labels") or {}
+        return job["metadata"].get("uid") if job is not None and labels.get(core.RUN_LABEL) == self.run_id else None
+
     def _cleanup(self, namespace: str) -> bool:
-        """Delete every probe a create was sent for; True when they are gone (or --keep kept them: False)."""
-        if self.opts.keep or not self.attempted:
+        """Delete every probe a create was sent for, each only while it is the object made (its UID); True when
+        they are gone (or --keep kept them: False)."""
+        if self.opts.keep or not self.uids:
             return not self.opts.keep
-        failures = []
-        for name in self.attempted:
+        failures, pending = [], {}
+        for name, uid in self.uids.items():
             try:
-                self.cluster.delete(namespace, name)
+                uid = uid or self._own_uid(namespace, name)
+                if uid is not None and self.cluster.delete(namespace, name, uid):
+                    pending[name] = uid  # else: never made, or another object has the name now (left alone)
             except Exception as e:
                 failures.append(f"{name}: {_fault('delete', e)}")
         deadline = self.clock() + GONE_SECONDS
-        left = list(self.attempted)
+        left = list(pending)
         while left and self.clock() < deadline:
             try:  # gone: the TrainJob, and its pods (the garbage collector deletes the JobSet before them)
-                left = [n for n in left if self.cluster.trainjob(namespace, n) is not None
-                        or self.cluster.pods(namespace, n)]
+                left = [n for n in left if self._still_there(namespace, n, pending[n])]
             except Exception:
                 pass
             if left:
@@ -367,11 +463,17 @@ class Verify:
             return False
         return True
 
+    def _still_there(self, namespace: str, name: str, uid: str) -> bool:
+        job = self.cluster.trainjob(namespace, name)
+        if job is not None:
+            return (job.get("metadata") or {}).get("uid") == uid
+        return bool(self.cluster.pods(namespace, name))
+
     # -- the progress line (stdout a terminal only) --
 
     def _progress(self, elapsed: float) -> None:
         if self.show_progress:
-            line = core.progress_line(self.probes, elapsed)[:200]
+            line = report.progress_line(self.probes, elapsed)[:200]
             self.err.write("\r\033[K" + line)
             self.err.flush()
 

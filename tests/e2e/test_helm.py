@@ -1057,9 +1057,17 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert docs[("Role", name)]["metadata"]["namespace"] == "team-a"
     assert docs[("Role", name)]["rules"] == [
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create", "get", "delete", "watch"]},
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+         "verbs": ["create", "get", "list", "delete", "watch"]},
         {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    # with credentials: whether each one's Secret exists, those Secrets only (issue 35)
+    with_creds = rendered(helm, tmp_path, merged(values, {"credentials": [
+        {"name": "a", "secret": "s3-credentials", "mountPath": "/creds/a"},
+        {"name": "b", "secret": "registry-token", "mountPath": "/creds/b"}]}))
+    assert with_creds[("Role", name)]["rules"][3] == {"apiGroups": [""], "resources": ["secrets"],
+                                                      "resourceNames": ["s3-credentials", "registry-token"],
+                                                      "verbs": ["get"]}
     assert docs[("ClusterRole", name)]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
         {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"],

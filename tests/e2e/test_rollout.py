@@ -177,6 +177,7 @@ def test_spec_8_2_audit_json_lists_exactly_the_expected_findings(seeded):
         ("TrainJob", AUDIT_NS, "no-entry"): "no-entry",
         ("TrainJob", AUDIT_NS, "gone"): "runtime-missing",
         ("TrainJob", AUDIT_NS, "on-no-node"): "violation",
+        ("Namespace", "", AUDIT_NS): "secret-missing",  # good, stale and bad mount s3-credentials; it is not there
     }
     causes = {k[2]: [(c["sentinel"], c["field"]) for c in f["causes"]] for k, f in found.items()}
     assert causes["bad"] == [("ErrInvalid", "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0]"
@@ -185,6 +186,10 @@ def test_spec_8_2_audit_json_lists_exactly_the_expected_findings(seeded):
     assert causes["audit-no-node"] == causes["on-no-node"] == [("ErrUnsupported", "spec.runtimeRef")]
     assert causes["audit-mounts"] == [("ErrUnsupported", "spec.runtimeRef")]
     assert causes["good"] == causes["stale"] == causes["no-entry"] == []
+    assert causes[AUDIT_NS] == [("ErrNotFound", "credentials[checkpoint-store].secret")]
+    assert found[("Namespace", "", AUDIT_NS)]["causes"][0]["message"] == (
+        f"Secret 's3-credentials' not found in namespace {AUDIT_NS}: 3 TrainJob(s) mount it (bad, good, stale); their"
+        " pods wait for it and never start")
 
 
 def test_spec_8_2_audit_table_prints_what_is_not_ok_then_counts(seeded):
@@ -201,9 +206,41 @@ def test_spec_8_2_audit_table_prints_what_is_not_ok_then_counts(seeded):
         ["no-entry", "TrainJob", "audit/no-entry"],
         ["violation", "TrainJob", "audit/on-no-node"],
         ["stale-entry", "TrainJob", "audit/stale"],
+        ["secret-missing", "Namespace", AUDIT_NS],
     ]
     assert "ErrInvalid: spec.runtimePatches[0]" in lines[2] and "is at or under /opt/dispatch" in lines[2]
-    assert lines[-1] == "9 objects: 2 ok, 2 cannot-carry, 1 no-entry, 1 stale-entry, 2 violation, 1 runtime-missing"
+    assert lines[-1] == ("10 objects: 2 ok, 2 cannot-carry, 1 no-entry, 1 stale-entry, 2 violation, 1 runtime-missing,"
+                         " 1 secret-missing")
+
+
+def test_audit_names_the_namespace_missing_a_credential_secret_until_it_is_made(seeded):
+    """Issue 35: the Secret read by name and metadata only; a user who may not list Secrets is told, and the
+    rest of the audit stands."""
+    from tests.e2e.node import identity, kubeconfig_for
+
+    cluster, settings_file = seeded
+    cert, key = identity(cluster, "auditor", "auditor")
+    rules = [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs", "trainingruntimes",
+                                                                   "clustertrainingruntimes"], "verbs": ["list"]}]
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": "auditor"}, "rules": rules})
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "auditor"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                "kind": "ClusterRole", "name": "auditor"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "auditor"}]})
+    auditor = kubeconfig_for(cluster, "auditor", cert, key)
+    got = subprocess.run([sys.executable, "-m", "webhook", "audit", "--settings", str(settings_file), "--kubeconfig",
+                          auditor], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert got.returncode == 1 and "secret-missing" not in got.stdout, got.stdout
+    assert got.stderr.startswith("audit: the credentials' Secrets were not checked: list secrets: 403 Forbidden"), \
+        got.stderr
+    cluster.kubectl("create", "secret", "generic", "s3-credentials", "-n", AUDIT_NS, "--from-literal=k=v")
+    try:
+        got = audit(cluster, settings_file)  # every namespace: the Secret listed cluster-wide by its name
+        assert got.returncode == 1 and got.stderr == "", got.stderr
+        assert "secret-missing" not in got.stdout, got.stdout
+    finally:
+        cluster.kubectl("delete", "secret", "s3-credentials", "-n", AUDIT_NS)
 
 
 def test_spec_8_2_audit_exit_codes(seeded, tmp_path):

@@ -3,8 +3,13 @@ node, Trainer, our webhook as two processes chosen by the label `dispatch-e2e/ro
 
 Each test reads the stage and the cluster's message from the report, not only the exit code. To keep the wall
 time short, the probes that need nothing of their own run at once (the module fixture `batch`); those that
-swap the webhook configurations, and the SIGINT one, run after, one at a time, with short timeouts.
+swap the webhook configurations, and the signal ones, run after, one at a time, with short timeouts.
 The route-1 probe runs as a user holding only the RBAC docs/verify.md names.
+
+Issue 35: what holds a probe back is named in the kubelet's and the scheduler's words, and verify fails at
+once when waiting cannot help (each such probe is given --timeout 240 and must end long before); a
+credential's Secret missing from the namespace refuses the run before any probe; the probes carry a TTL that
+`verify --cleanup` and the next verify honour, and are deleted with their UID as a precondition.
 """
 
 from __future__ import annotations
@@ -25,18 +30,24 @@ from tests.e2e.node import identity, kubeconfig_for
 from tests.e2e.test_node import NS, node_env, node_pod  # noqa: F401 - node_env: the module's node
 from tests.helpers import MANAGER, ROOT
 from tests.process import webhook_server
-from webhook.core.verify import VERIFY_MANAGER, PROBE_LABEL
+from webhook.core.verify import VERIFY_MANAGER, PROBE_LABEL, TTL_ANNOTATION, probe_trainjob
 
 TOO_BIG = "torch-too-big"
-USER_NS, OTHER_NS = NS, "team-q"
+NEEDS_CONFIG = "torch-needs-config"  # mounts a ConfigMap that no namespace has
+WAITS_FOR_CLAIM = "torch-waits-for-claim"  # mounts a claim that stays Pending (no class, no volume)
+USER_NS, OTHER_NS = NS, "team-q"  # OTHER_NS has no credentials Secret
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+BATCH_FAST = 90  # the batch's processes start at once and contend: well short of --timeout 240 all the same
+FAST = 20  # seconds, from the start of the process (alone on the node): what waiting cannot help ends in this
 
 # The RBAC a user of verify needs (docs/verify.md), given to the user `verifier`.
 USER_RULES_NS = [
-    {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create", "get", "delete", "watch"]},
+    {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+     "verbs": ["create", "get", "list", "delete", "watch"]},
     {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["s3-credentials"], "verbs": ["get"]},
 ]
 USER_RULES_CLUSTER = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
@@ -50,6 +61,7 @@ class Run:
     code: int
     out: str
     err: str
+    seconds: float  # from the start to the end seen (an upper bound in the batch, read in order)
 
     def json(self) -> list[dict]:
         return json.loads(self.out)
@@ -60,14 +72,16 @@ def verify_cmd(kubeconfig: str, *args: str) -> list[str]:
 
 
 def start(kubeconfig: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(verify_cmd(kubeconfig, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(verify_cmd(kubeconfig, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    proc.started = time.monotonic()  # type: ignore[attr-defined]
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> Run:
     out, err = proc.communicate(timeout=timeout)
-    run = Run(proc.args, proc.returncode, out, err)
-    print(f"\n$ dispatch-admission {' '.join(proc.args[3:])}\n{out}{err}(exit {proc.returncode})")
+    run = Run(proc.args, proc.returncode, out, err, time.monotonic() - proc.started)  # type: ignore[attr-defined]
+    print(f"\n$ dispatch-admission {' '.join(proc.args[3:])}\n{out}{err}(exit {proc.returncode}, {run.seconds:.0f}s)")
     return run
 
 
@@ -75,24 +89,45 @@ def line_of(run: Run, probe_prefix: str = "verify-") -> str:
     return next(line for line in run.out.splitlines() if line.startswith(probe_prefix))
 
 
-def too_big_runtime(node_env) -> dict:  # noqa: F811
-    """Trainer's torch runtime with a request no node has."""
+def torch_variant(node_env, name: str, **node_container) -> dict:  # noqa: F811
+    """Trainer's torch runtime under another name; `volumes` go on the node pod, the rest on its container."""
     rt = json.loads(json.dumps(node_env.cluster.get("clustertrainingruntime", "torch-distributed")))
-    rt["metadata"] = {"name": TOO_BIG}
-    node_pod(rt)["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    rt["metadata"] = {"name": name}
+    if "volumes" in node_container:
+        node_pod(rt)["volumes"] = node_container.pop("volumes")
+    node_pod(rt)["containers"][0].update(node_container)
     return rt
 
 
-def user_kubeconfig(c) -> str:
-    cert, key = identity(c, "verifier", "verifier")
-    for kind, doc_kind, ns, rules in (("Role", "RoleBinding", USER_NS, USER_RULES_NS),
+def too_big_runtime(node_env) -> dict:  # noqa: F811
+    """A request no node has."""
+    return torch_variant(node_env, TOO_BIG, resources={"requests": {"cpu": "64"}})
+
+
+def needs_config_runtime(node_env) -> dict:  # noqa: F811
+    """The node container mounts the ConfigMap `train-config` (in no namespace)."""
+    return torch_variant(node_env, NEEDS_CONFIG,
+                         volumes=[{"name": "train-config", "configMap": {"name": "train-config"}}],
+                         volumeMounts=[{"name": "train-config", "mountPath": "/etc/train"}])
+
+
+def waits_for_claim_runtime(node_env) -> dict:  # noqa: F811
+    """The pods mount the claim `pending-claim`: no class, no volume, Pending for ever."""
+    return torch_variant(node_env, WAITS_FOR_CLAIM,
+                         volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "pending-claim"}}],
+                         volumeMounts=[{"name": "data", "mountPath": "/data"}])
+
+
+def user_kubeconfig(c, user: str = "verifier", namespace: str = USER_NS, rules_ns: list | None = None) -> str:
+    cert, key = identity(c, user, user)
+    for kind, doc_kind, ns, rules in (("Role", "RoleBinding", namespace, rules_ns or USER_RULES_NS),
                                       ("ClusterRole", "ClusterRoleBinding", None, USER_RULES_CLUSTER)):
-        meta = {"name": "dispatch-verify-user", **({"namespace": ns} if ns else {})}
+        meta = {"name": f"dispatch-verify-{user}", **({"namespace": ns} if ns else {})}
         c.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta, "rules": rules})
         c.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": doc_kind, "metadata": meta,
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": meta["name"]},
-                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "verifier"}]})
-    return kubeconfig_for(c, "verifier", cert, key)
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    return kubeconfig_for(c, user, cert, key)
 
 
 def left_behind(c) -> dict[str, list[str]]:
@@ -141,20 +176,26 @@ def publish_image(job: dict) -> str | None:
 def batch(node_env):  # noqa: F811
     """The independent probes, all at once; their reports by name."""
     c, tmp = node_env.cluster, node_env.tmp
-    c.apply(too_big_runtime(node_env))
+    for rt in (too_big_runtime(node_env), needs_config_runtime(node_env), waits_for_claim_runtime(node_env)):
+        c.apply(rt)
     user = user_kubeconfig(c)
+    # a user of team-q who may do all verify needs but read Secrets: the credential check cannot be made
+    no_secrets = user_kubeconfig(c, "verifier-q", OTHER_NS, [r for r in USER_RULES_NS if r["resources"] != ["secrets"]])
     r1, r2 = str(tmp / "route1.json"), str(tmp / "route2.json")
     admin = c.kubeconfig
     route2 = f"{ROUTE_LABEL}=2"
+    torch = "ClusterTrainingRuntime/torch-distributed"
     procs = {
+        "secret-unreadable": start(no_secrets, "--runtime", torch, "--namespace", OTHER_NS, "--settings", r1,
+                                   "--timeout", "240"),
+        "configmap-missing": start(admin, "--runtime", f"ClusterTrainingRuntime/{NEEDS_CONFIG}", "--namespace", NS,
+                                   "--settings", r1, "--timeout", "240"),
         "route1": start(user, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", USER_NS,
                         "--settings", r1, "--timeout", "240"),
         "route2": start(admin, "--runtime", "ClusterTrainingRuntime/torch-init", "--namespace", NS, "--settings", r2,
                         "--label", route2, "--timeout", "240"),
         "route2-empty": start(admin, "--runtime", "ClusterTrainingRuntime/torch-init-copies-nothing", "--namespace", NS,
                               "--label", route2, "--timeout", "240"),
-        "unschedulable": start(admin, "--runtime", f"ClusterTrainingRuntime/{TOO_BIG}", "--namespace", NS,
-                               "--settings", r1, "--timeout", "30"),
         "per-node": start(admin, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
                           "--settings", r1, "--per-node", "--output", "json", "--keep", "--timeout", "240"),
         "missing": start(admin, "--runtime", "ClusterTrainingRuntime/no-such-runtime", "--namespace", NS),
@@ -194,13 +235,71 @@ def test_route2_init_container_copying_nothing_fails_started_with_the_route2_hin
     assert "(failed at: started)" in run.out.splitlines()[-1]
 
 
-def test_unschedulable_runtime_fails_at_scheduled_with_the_scheduler_reason(batch):
-    run = batch["unschedulable"]
+@pytest.fixture(scope="module")
+def alone(batch, node_env):  # noqa: F811
+    """The cases the issue times, one at a time after the batch (eight processes starting at once on two
+    cores take 20 s to import their libraries): what waiting cannot help, with --timeout 240."""
+    c, r1 = node_env.cluster, str(node_env.tmp / "route1.json")
+    torch = "ClusterTrainingRuntime/torch-distributed"
+    cases = {
+        "secret-missing": (torch, OTHER_NS, "--settings", r1),
+        "secret-missing-dry-run": (torch, OTHER_NS),
+        "unschedulable": (f"ClusterTrainingRuntime/{TOO_BIG}", NS, "--settings", r1),
+    }
+    return {name: finish(start(c.kubeconfig, "--runtime", runtime, "--namespace", ns, *rest, "--timeout", "240"))
+            for name, (runtime, ns, *rest) in cases.items()}
+
+
+def test_unschedulable_runtime_fails_at_once_at_scheduled_with_the_scheduler_reason(alone):
+    """64 CPUs on a node that has fewer: no pod finishing can make room (the scheduler says preemption is not
+    helpful on every node), so verify does not sit out its --timeout."""
+    run = alone["unschedulable"]
     assert run.code == 1, run.out + run.err
     line = line_of(run)
     assert line.split()[1:3] == ["-", "admitted"], line
-    assert "FAILED at scheduled: not scheduled after 30s: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" \
+    assert ("FAILED at scheduled: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes"
+            " are available: 1 Preemption is not helpful for scheduling.") in line, line
+    assert "what to do: no node can take the probe, however many other pods finish" in run.out
+    assert run.seconds < FAST, run.seconds
+
+
+def test_a_missing_credential_secret_refuses_the_run_at_once_naming_it_and_the_namespace(alone):
+    """Issue 35: route-1 settings with a credential, a namespace without its Secret. With --settings the
+    credentials are read from them; without, from a server-side dry run of the probe through the webhook."""
+    for case in ("secret-missing", "secret-missing-dry-run"):
+        run = alone[case]
+        assert run.code == 2 and run.out == "" and run.err.count("\n") == 1, (case, run.err)
+        assert run.err.startswith(f"dispatch-admission verify: Secret s3-credentials not found in namespace {OTHER_NS}:"
+                                  " credential checkpoint-store of the webhook's settings mounts it in every TrainJob"
+                                  " there"), (case, run.err)
+        assert run.seconds < FAST, (case, run.seconds)
+
+
+def test_a_secret_the_user_may_not_read_is_named_by_the_kubelet_at_once(batch):
+    """The credential check needs `get` on the Secret; without it verify says so, makes the probe, and names
+    the kubelet's FailedMount as the cause within seconds (before: `not pulled after 300s: ContainerCreating`)."""
+    run = batch["secret-unreadable"]
+    assert run.code == 1, run.out + run.err
+    assert run.err.startswith(f"verify: cannot tell whether Secret s3-credentials (credential checkpoint-store) exists"
+                              f" in namespace {OTHER_NS}: "), run.err
+    line = line_of(run)
+    assert line.split()[2] == "scheduled", line
+    assert ('FAILED at pulled: MountVolume.SetUp failed for volume "checkpoint-store" : secret "s3-credentials"'
+            ' not found') in line, line
+    assert (f"what to do: create the Secret s3-credentials in namespace {OTHER_NS}: it is credential checkpoint-store"
+            " of the webhook's settings") in run.out
+    assert run.seconds < BATCH_FAST, run.seconds
+
+
+def test_a_configmap_the_runtime_mounts_and_nobody_made_fails_at_once(batch):
+    run = batch["configmap-missing"]
+    assert run.code == 1, run.out + run.err
+    line = line_of(run)
+    assert 'FAILED at pulled: MountVolume.SetUp failed for volume "train-config" : configmap "train-config" not found' \
         in line, line
+    assert f"what to do: create the ConfigMap train-config in namespace {NS} (the runtime's volume train-config" \
+        in run.out
+    assert run.seconds < BATCH_FAST, run.seconds
 
 
 def test_per_node_one_probe_pinned_and_json_one_object_per_probe(batch, node_env):  # noqa: F811
@@ -241,23 +340,40 @@ def test_the_batch_left_nothing_behind(batch, node_env):  # noqa: F811
 
 # ---- one at a time: the webhook configurations swapped, and a signal ----
 
-def test_sigint_in_the_middle_leaves_nothing_behind(node_env):  # noqa: F811
+@pytest.fixture(scope="module")
+def pending_claim(node_env):  # noqa: F811
+    """A runtime whose pods wait on a claim that stays Pending: a probe that waits until its --timeout."""
     c = node_env.cluster
-    proc = start(c.kubeconfig, "--runtime", f"ClusterTrainingRuntime/{TOO_BIG}", "--namespace", NS, "--timeout", "300")
+    c.apply(waits_for_claim_runtime(node_env))
+    c.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": "pending-claim", "namespace": NS},
+             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                      "resources": {"requests": {"storage": "1Gi"}}}})
+    return f"ClusterTrainingRuntime/{WAITS_FOR_CLAIM}"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, sig, code):  # noqa: F811
+    """SIGINT (Ctrl-C), and SIGHUP (the terminal closed), while the probe waits on its claim."""
+    c = node_env.cluster
+    proc = start(c.kubeconfig, "--runtime", pending_claim, "--namespace", NS, "--timeout", "300")
     try:
         deadline = time.monotonic() + 120
         while not left_behind(c)["pods"]:  # in the middle: the TrainJob, its JobSet and its (pending) pod exist
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, f"no probe pod appeared: {left_behind(c)}"
             time.sleep(0.5)
-        print(f"before SIGINT: {left_behind(c)}")
-        proc.send_signal(signal.SIGINT)
+        time.sleep(3)  # the scheduler's verdict on the pod: waiting on the claim, not an end
+        assert proc.poll() is None, proc.communicate()
+        print(f"before {sig.name}: {left_behind(c)}")
+        proc.send_signal(sig)
         run = finish(proc, timeout=150)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert run.code == 130, run.out + run.err
-    assert "FAILED at scheduled: interrupted by SIGINT" in line_of(run)
+    assert run.code == code, run.out + run.err
+    assert f"FAILED at scheduled: interrupted by {sig.name} while Unschedulable: 0/1 nodes are available: pod has" \
+           " unbound immediate PersistentVolumeClaims" in line_of(run), run.out
     # verify deleted its probe (in the background: the garbage collector takes the JobSet and pods after it)
     assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
 
@@ -276,12 +392,13 @@ def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(
         stack.enter_context(webhooks_swapped(c, installed, [Webhook(url, ca, log, proc), node_env.route2]))
         wait_mutation(c, "pointed at the missing-digest webhook", lambda job: publish_image(job) == missing)
         run = finish(start(c.kubeconfig, "--runtime", "ClusterTrainingRuntime/torch-distributed", "--namespace", NS,
-                           "--settings", str(settings), "--timeout", "120"))
+                           "--settings", str(settings), "--timeout", "240"))
     assert run.code == 1, run.out + run.err
     line = line_of(run)
     assert line.split()[2] == "scheduled" and "FAILED at pulled: " in line, line
     assert missing in line and "not found" in line, line
     assert "what to do: the node cannot pull the image: check that publish.image's digest exists" in run.out
+    assert run.seconds < FAST, run.seconds
 
 
 def test_webhook_not_installed_fails_at_admitted(node_env):  # noqa: F811
@@ -295,4 +412,60 @@ def test_webhook_not_installed_fails_at_admitted(node_env):  # noqa: F811
     assert line.split()[1:3] == ["-", "-"], line
     assert "FAILED at admitted: the stored TrainJob has no entry: the webhook did not mutate it" in line
     assert "what to do: install the webhook" in run.out
+    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+
+
+# ---- what verify leaves: the TTL, --cleanup, the next run, the UID precondition ----
+
+def probe_doc(name: str, ttl: int | None, verify_entry: bool = True) -> dict:
+    """A probe as verify makes it, suspended (no pod), left behind by a run that never came back."""
+    doc = probe_trainjob(name, NS, "ClusterTrainingRuntime", "torch-distributed", "gone-run", jobs=["node"], ttl=ttl)
+    doc["spec"]["suspend"] = True
+    if not verify_entry:
+        doc["spec"]["runtimePatches"] = []
+    return doc
+
+
+def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):  # noqa: F811
+    c = node_env.cluster
+    for doc in (probe_doc("verify-expired", 1), probe_doc("verify-live", 3600),
+                probe_doc("labelled-only", 1, verify_entry=False)):
+        c.apply(doc)
+    assert c.get("trainjob", "verify-live", NS)["metadata"]["annotations"][TTL_ANNOTATION] == "3600"
+    time.sleep(2.5)  # past the TTL of 1 s, on the API server's clock
+    run = finish(start(c.kubeconfig, "--cleanup", "--namespace", NS))
+    assert run.code == 0, run.out + run.err
+    rows = {line.split()[1]: line for line in run.out.splitlines()[1:-1]}
+    assert set(rows) == {"verify-expired", "verify-live"}, run.out  # the labelled TrainJob is no probe of verify's
+    assert rows["verify-expired"].split()[2:] == ["gone-run", rows["verify-expired"].split()[3], "removed"]
+    assert "kept: not expired" in rows["verify-live"]
+    assert run.out.splitlines()[-1].startswith(f"removed 1 of 2 probes in namespace {NS}")
+    assert c.get("trainjob", "verify-expired", NS) is None or \
+        c.get("trainjob", "verify-expired", NS)["metadata"].get("deletionTimestamp")
+    assert c.get("trainjob", "verify-live", NS) and c.get("trainjob", "labelled-only", NS)
+    # the next verify in the namespace removes what has expired before it makes its own probe
+    c.apply(probe_doc("verify-expired-2", 1))
+    time.sleep(2.5)
+    run = finish(start(c.kubeconfig, "--runtime", f"ClusterTrainingRuntime/{TOO_BIG}", "--namespace", NS,
+                       "--timeout", "60"))
+    assert run.err.startswith(f"verify: removed 1 expired probes in namespace {NS}: verify-expired-2\n"), run.err
+    assert run.code == 1 and "FAILED at scheduled" in line_of(run)
+    c.kubectl("delete", "trainjob", "verify-live", "labelled-only", "-n", NS)
+    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+
+
+def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_env):  # noqa: F811
+    from webhook.verify import Cluster
+
+    c = node_env.cluster
+    c.apply(probe_doc("verify-namesake", None))
+    first = c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"]
+    c.kubectl("delete", "trainjob", "verify-namesake", "-n", NS)
+    c.apply(probe_doc("verify-namesake", None))  # someone else's, under the name
+    second = c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"]
+    assert first != second
+    cluster = Cluster(c.kubeconfig)
+    assert cluster.delete(NS, "verify-namesake", first) is False
+    assert c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"] == second
+    assert cluster.delete(NS, "verify-namesake", second) is True
     assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}

@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from webhook import api
+from webhook import audit as audit_cmd
 from webhook.audit import Report
 from webhook.core.admission import Admission, Enforcement
-from webhook.core.audit import Verdict, judge_runtime, judge_trainjob
+from webhook.core.audit import CredentialSecrets, Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
 from tests.helpers import (EXAMPLES, CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, pod_patch, review,
                            runtime, settings, stock_runtimes, trainjob)
@@ -185,6 +186,50 @@ def test_spec_8_2_report_table_json_and_exit_codes():
                                            "causes": []}]
     empty = io.StringIO()
     assert Report("json", empty).close() == 0 and json.loads(empty.getvalue()) == []
+
+
+def test_audit_lists_each_namespace_whose_trainjobs_mount_a_missing_credential_secret():
+    """Issue 35: a TrainJob whose entry mounts a Secret absent from its namespace never starts; audit names the
+    namespace, the Secret, and (some of) the TrainJobs."""
+    a = adm()
+    mounted = CredentialSecrets(MANAGER)
+    for ns, count in (("team-a", 1), ("team-q", 7)):
+        for i in range(count):
+            mounted.add(mutated(a, trainjob(name=f"job-{i}", namespace=ns)))
+    mounted.add(trainjob(name="no-entry", namespace="team-z"))  # mounts nothing
+    assert mounted.secrets() == {"s3-credentials": {"team-a", "team-q"}}
+    [finding] = mounted.missing({("team-a", "s3-credentials")})
+    assert (finding.kind, finding.namespace, finding.name, finding.verdict) == ("Namespace", "", "team-q",
+                                                                                Verdict.SECRET_MISSING)
+    [cause] = finding.causes
+    assert (cause.sentinel.name, cause.field) == ("ErrNotFound", "credentials[checkpoint-store].secret")
+    assert cause.text == ("Secret 's3-credentials' not found in namespace team-q: 7 TrainJob(s) mount it (job-0, job-1,"
+                          " job-2, job-3, job-4, ...); their pods wait for it and never start")
+    assert mounted.missing({("team-a", "s3-credentials"), ("team-q", "s3-credentials")}) == []
+    out = io.StringIO()
+    report = Report("table", out)
+    report.add(finding)
+    assert report.close() == 1
+    assert out.getvalue().splitlines() == [
+        "secret-missing   Namespace team-q  ErrNotFound: credentials[checkpoint-store].secret: " + cause.text,
+        "1 objects: 1 secret-missing"]
+
+
+def test_audit_reads_only_the_secrets_metadata_by_name():
+    calls = []
+
+    class Core:
+        def list_secret_for_all_namespaces(self, **kw):
+            calls.append(kw)
+            items = [{"metadata": {"namespace": "team-a", "name": "s3-credentials"}}] if "_continue" not in kw else \
+                [{"metadata": {"namespace": "team-b", "name": "s3-credentials"}}]
+            more = {} if "_continue" in kw else {"continue": "next"}
+            return type("Response", (), {"data": json.dumps({"items": items, "metadata": more})})()
+
+    got = audit_cmd.existing_secrets(Core(), {"s3-credentials": {"team-a", "team-q"}}, None, 500)
+    assert got == {("team-a", "s3-credentials"), ("team-b", "s3-credentials")}
+    assert [c["field_selector"] for c in calls] == ["metadata.name=s3-credentials"] * 2
+    assert calls[0]["_headers"] == {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
 
 
 # ---- SPEC 8.3: runtime warnings ----

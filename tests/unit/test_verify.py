@@ -15,6 +15,7 @@ from tests.helpers import IMAGE, MANAGER, ROUTE1, ROUTE2
 from webhook import cli
 from webhook import verify as adapter
 from webhook.core import verify as v
+from webhook.core import verify_report as r
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
 
@@ -250,18 +251,18 @@ def test_template_checks_without_settings_read_the_entry_and_route2_the_init_con
 # ---- the report ----
 
 def _probes():
-    ok = v.Probe("verify-a", "ns", "ClusterTrainingRuntime/torch",
+    ok = r.Probe("verify-a", "ns", "ClusterTrainingRuntime/torch",
                  status=v.Status(v.Stage.RAN, done=True, exit_code=0, node="node-a", container="node"),
                  output="publish ran from /opt/dispatch/publish\npublish args: --help",
                  checks=v.template_checks(pod(), ENTRY1, S1))
-    bad = v.Probe("verify-b", "ns", "ClusterTrainingRuntime/torch",
+    bad = r.Probe("verify-b", "ns", "ClusterTrainingRuntime/torch",
                   status=v.classify(stored(None), [], [], MANAGER))
     return ok, bad
 
 
 def test_table_one_line_per_probe_then_the_verdict():
     ok, bad = _probes()
-    text = v.render_table([ok, bad])
+    text = r.render_table([ok, bad])
     lines = text.splitlines()
     assert lines[0].split() == ["PROBE", "NODE", "REACHED", "RESULT"]
     assert lines[1].split()[:3] == ["verify-a", "node-a", "ran"] and "exit code 0" in lines[1]
@@ -272,13 +273,13 @@ def test_table_one_line_per_probe_then_the_verdict():
     assert "    what to do: install the webhook" in text
     assert lines[-1] == ("FAILED: 1 of 2 probes on ClusterTrainingRuntime/torch did not run the binary "
                          "(failed at: admitted)")
-    assert v.exit_code([ok, bad]) == 1 and v.exit_code([ok]) == 0 and v.exit_code([]) == 1
-    assert v.render_table([ok]).splitlines()[-1].startswith("ok: 1 of 1 probes")
+    assert r.exit_code([ok, bad]) == 1 and r.exit_code([ok]) == 0 and r.exit_code([]) == 1
+    assert r.render_table([ok]).splitlines()[-1].startswith("ok: 1 of 1 probes")
 
 
 def test_json_one_object_per_probe_with_its_stages():
     ok, bad = _probes()
-    got = json.loads(v.render_json([ok, bad]))
+    got = json.loads(r.render_json([ok, bad]))
     assert [p["name"] for p in got] == ["verify-a", "verify-b"]
     assert got[0]["ran"] is True and got[0]["exitCode"] == 0 and got[0]["failure"] is None
     assert [s["state"] for s in got[0]["stages"]] == ["reached"] * 5
@@ -297,14 +298,20 @@ class FakeApiException(Exception):
 class FakeCluster:
     """Answers as a cluster would; `script` gives the pods of each poll."""
 
-    def __init__(self, runtime=None, script=None, create_error=None, on_poll=None):
+    def __init__(self, runtime=None, script=None, create_error=None, on_poll=None, secrets=("s3-credentials",),
+                 events=None, nodes=None):
         self.rt = runtime if runtime is not None else {"spec": {"template": {"spec": {"replicatedJobs": [
             {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}}]}}}}
         self.script = list(script or [])
         self.create_error, self.on_poll = create_error, on_poll
+        self.secrets = set(secrets) if secrets is not None else None  # None: the user may not read them
+        self.script_events = events or []
+        self.node_list = nodes if nodes is not None else [_node("n1")]
         self.jobs: dict[str, dict] = {}
         self.deleted: list[str] = []
+        self.dry_runs = 0
         self.polls = 0
+        self.date = "Wed, 02 Dec 2026 10:00:00 GMT"
 
     def default_namespace(self, kubeconfig):
         return "ns"
@@ -313,15 +320,27 @@ class FakeCluster:
         return self.rt if name != "missing" else None
 
     def nodes(self):
-        return [_node("n1")]
+        return self.node_list
 
-    def create(self, namespace, doc):
+    def create(self, namespace, doc, dry_run=False):
         if self.create_error:
             raise self.create_error
         job = json.loads(json.dumps(doc))
         job["spec"].setdefault("runtimePatches", []).append(ENTRY1)
+        if dry_run:
+            self.dry_runs += 1
+            return job
+        job["metadata"].update(uid=f"uid-{doc['metadata']['name']}", creationTimestamp="2026-12-02T09:59:00Z")
         self.jobs[doc["metadata"]["name"]] = job
         return job
+
+    def probes(self, namespace):
+        return [j for j in self.jobs.values() if v.PROBE_LABEL in j["metadata"].get("labels", {})], self.date
+
+    def secret_exists(self, namespace, name):
+        if self.secrets is None:
+            return None, 'secrets "s3-credentials" is forbidden: User "u" cannot get resource "secrets"'
+        return name in self.secrets, ""
 
     def trainjob(self, namespace, name):
         return self.jobs.get(name)
@@ -335,14 +354,18 @@ class FakeCluster:
         return self.script[min(self.polls, len(self.script)) - 1] if self.script else []
 
     def events(self, namespace, pod):
-        return []
+        return self.script_events
 
     def log_tail(self, namespace, pod, container, previous, lines):
         return "publish ran from /opt/dispatch/publish\n"
 
-    def delete(self, namespace, name):
+    def delete(self, namespace, name, uid):
+        job = self.jobs.get(name)
+        if job is not None and job["metadata"]["uid"] != uid:
+            return False  # the precondition: another object has the name
         self.deleted.append(name)
         self.jobs.pop(name, None)
+        return True
 
 
 class Clock:
@@ -386,7 +409,7 @@ def test_keep_leaves_the_probe():
     assert code == 0 and not cluster.deleted and cluster.jobs and "(probes kept: --keep)" in out
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_mid_run_deletes_the_probes_and_reports(sig, code):
     cluster = FakeCluster(script=[[pod(node_state={"running": {}})]],
                           on_poll=lambda n: n == 3 and os.kill(os.getpid(), sig))

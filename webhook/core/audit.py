@@ -3,17 +3,26 @@
 A runtime is judged by the facts a TrainJob review reads (R3, R4, R5); a TrainJob by the plan a review
 of its creation would make (S1 to S3, S6, R1 to R8) and by its entry against the one the settings
 produce now. The same code as the webhook: no second copy of a rule.
+
+A namespace is judged by the credentials' Secrets its TrainJobs mount (the Secret volumes of their own
+entries): one that does not exist there holds every such pod in ContainerCreating for ever, which no
+TrainJob status says (`secret-missing`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from . import rules
 from .admission import Admission
-from .errors import Reason, Reasons
+from .errors import ErrNotFound, Reason, Reasons
+from .patch import entry_secrets
 from .runtimes import Runtime
+
+# TrainJobs named per missing Secret (the count says how many mount it): a finding stays one line long
+# however many TrainJobs a namespace holds.
+NAMED_TRAINJOBS = 5
 
 
 class Verdict(str, Enum):
@@ -23,6 +32,7 @@ class Verdict(str, Enum):
     STALE_ENTRY = "stale-entry"
     VIOLATION = "violation"
     RUNTIME_MISSING = "runtime-missing"
+    SECRET_MISSING = "secret-missing"
 
 
 @dataclass(frozen=True)
@@ -71,3 +81,50 @@ def judge_trainjob(admission: Admission, trainjob: dict) -> Finding:
     else:
         verdict = Verdict.OK
     return Finding("TrainJob", namespace, name, verdict, tuple(causes))
+
+
+@dataclass
+class _Mounted:
+    volume: str
+    count: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+class CredentialSecrets:
+    """The Secrets the TrainJobs' own entries mount, per namespace, gathered as the TrainJobs are judged: one
+    record per (namespace, Secret), so the memory is bounded by those pairs, not by the TrainJobs."""
+
+    def __init__(self, manager: str):
+        self.manager = manager
+        self.mounted: dict[tuple[str, str], _Mounted] = {}
+
+    def add(self, trainjob: dict) -> None:
+        namespace, name = _meta(trainjob)
+        own = next((e for e in (trainjob.get("spec") or {}).get("runtimePatches") or []
+                    if isinstance(e, dict) and e.get("manager") == self.manager), None)
+        for volume, secret in entry_secrets(own):
+            got = self.mounted.setdefault((namespace, secret), _Mounted(volume))
+            got.count += 1
+            if len(got.names) < NAMED_TRAINJOBS:
+                got.names.append(name)
+
+    def secrets(self) -> dict[str, set[str]]:
+        """Each Secret name, with the namespaces where TrainJobs mount it."""
+        out: dict[str, set[str]] = {}
+        for namespace, secret in self.mounted:
+            out.setdefault(secret, set()).add(namespace)
+        return out
+
+    def missing(self, present: set[tuple[str, str]]) -> list[Finding]:
+        """One `secret-missing` finding per namespace lacking a Secret its TrainJobs mount (`present`: the
+        (namespace, Secret) pairs that exist), by namespace."""
+        causes: dict[str, list[Reason]] = {}
+        for (namespace, secret), got in sorted(self.mounted.items()):
+            if (namespace, secret) in present:
+                continue
+            names = ", ".join(got.names) + (", ..." if got.count > len(got.names) else "")
+            causes.setdefault(namespace, []).append(Reason(
+                ErrNotFound, f"credentials[{got.volume}].secret",
+                f"Secret {secret!r} not found in namespace {namespace}: {got.count} TrainJob(s) mount it ({names}); "
+                "their pods wait for it and never start"))
+        return [Finding("Namespace", "", ns, Verdict.SECRET_MISSING, tuple(reasons)) for ns, reasons in causes.items()]

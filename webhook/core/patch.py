@@ -104,6 +104,30 @@ class Entry:
         return same(entry, {"manager": self.manager, "trainingRuntimeSpec": self._content})
 
 
+def entry_pod_specs(entry: dict | None) -> Iterable[dict]:
+    """The pod specs a stored entry patches, one per replicated job (a stored entry is read defensively: it
+    may have been written by anyone)."""
+    content = ((entry or {}).get("trainingRuntimeSpec") or {}) if isinstance(entry, dict) else {}
+    for job in ((content.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+        if isinstance(job, dict):
+            pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+            if isinstance(pod, dict):
+                yield pod
+
+
+def entry_secrets(entry: dict | None) -> list[tuple[str, str]]:
+    """(volume name, Secret name) of each Secret volume a stored entry adds: the credentials it mounts."""
+    out: list[tuple[str, str]] = []
+    for pod in entry_pod_specs(entry):
+        for v in pod.get("volumes") or []:
+            secret = v.get("secret") if isinstance(v, dict) else None
+            if isinstance(secret, dict) and secret.get("secretName"):
+                pair = (str(v.get("name") or ""), str(secret["secretName"]))
+                if pair not in out:
+                    out.append(pair)
+    return out
+
+
 def same(a: dict, b: dict) -> bool:
     """Entries compared as JSON values, `time` left out (SPEC 5, S4)."""
     a = {k: v for k, v in a.items() if k != "time"}

@@ -16,7 +16,8 @@ from enum import Enum
 from typing import Iterable
 
 from . import paths
-from .patch import Entry, PUBLISH_DEST_ENV
+from . import verify_causes as causes
+from .patch import Entry, PUBLISH_DEST_ENV, entry_pod_specs, entry_secrets
 from .rules import NODE_CONTAINER, RuntimeFacts
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
@@ -25,6 +26,9 @@ DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
 # Labels every probe TrainJob carries: the first finds every probe ever made by verify, the second one run's.
 PROBE_LABEL = "dispatch.go.phpboyscout.uk/verify"
 RUN_LABEL = "dispatch.go.phpboyscout.uk/verify-run"
+# How long after its creation (seconds, on the API server's clock) a probe may be removed by `verify --cleanup`
+# or the next verify in its namespace: past the longest a verify still follows it (core.verify_cleanup).
+TTL_ANNOTATION = "dispatch.go.phpboyscout.uk/verify-ttl-seconds"
 # The runtimePatches entry verify writes itself: its labels on the JobSet and pods, the pin to a node
 # (--per-node); never the publish mount.
 VERIFY_MANAGER = "dispatch.go.phpboyscout.uk/verify"
@@ -55,8 +59,9 @@ def next_stage(stage: Stage | None) -> Stage:
 @dataclass(frozen=True)
 class Failure:
     stage: Stage
-    message: str  # the cluster's own words
-    hint: str     # what to do
+    message: str    # the cluster's own words
+    hint: str       # what to do
+    cause: str = ""  # what it is, when the cluster named it (verify_causes: secret-missing, unschedulable, ...)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class Status:
     done: bool = False
     failure: Failure | None = None
     waiting: str = ""                 # why it has not reached the next stage yet (the cluster's message)
+    hint: str = ""                    # what to do, should the wait end in the timeout
+    cause: str = ""                   # the kind of cause it waits on (verify_causes)
     pod: str = ""
     node: str = ""
     exit_code: int | None = None
@@ -94,11 +101,12 @@ class Status:
 def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: str,
                    command: Iterable[str] = DEFAULT_COMMAND, image: str | None = None,
                    labels: dict[str, str] | None = None, node: dict | None = None,
-                   jobs: Iterable[str] = ()) -> dict:
+                   jobs: Iterable[str] = (), ttl: int | None = None) -> dict:
     """The probe TrainJob: one node, the trainer command, labelled. Trainer copies no TrainJob label to the
     JobSet or its pods, so an entry of verify's own manager puts the labels there (on the JobSet and on
     each of the runtime's replicated `jobs`' pods) and, with `node` (a Node object), pins every pod to it.
-    Never the publish mount: that entry is the webhook's to add."""
+    Never the publish mount: that entry is the webhook's to add. `ttl`: seconds after which another verify
+    may remove it (TTL_ANNOTATION)."""
     trainer: dict = {"numNodes": 1, "command": list(command)}
     if image:
         trainer["image"] = image
@@ -117,8 +125,10 @@ def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: s
         "metadata": {"labels": dict(ours)}, "spec": {"replicatedJobs": patch_jobs}}}}
     spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
                   "trainer": trainer, "runtimePatches": [entry]}
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}, "spec": spec}
+    meta: dict = {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}
+    if ttl is not None:
+        meta["annotations"] = {TTL_ANNOTATION: str(int(ttl))}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}
 
 
 def runtime_jobs(runtime: dict) -> list[str]:
@@ -187,9 +197,7 @@ class Route:
 
 
 def route_of(entry: dict | None) -> Route:
-    for job in ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}) \
-            .get("replicatedJobs") or []:
-        pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    for pod in entry_pod_specs(entry):
         for init in pod.get("initContainers") or []:
             if any(m.get("mountPath") == paths.PUBLISH_DIR for m in init.get("volumeMounts") or []):
                 return Route(init.get("name"))
@@ -197,9 +205,7 @@ def route_of(entry: dict | None) -> Route:
 
 
 def _entry_publish_image(entry: dict | None) -> str:
-    for job in ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}) \
-            .get("replicatedJobs") or []:
-        pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    for pod in entry_pod_specs(entry):
         for v in pod.get("volumes") or []:
             if v.get("name") == PUBLISH_VOLUME and isinstance(v.get("image"), dict):
                 return v["image"].get("reference") or ""
@@ -255,20 +261,11 @@ def _pull_event(events: list[dict]) -> str:
     return found[-1]["message"]
 
 
-def _scheduling_message(pod: dict, events: list[dict]) -> str:
-    cond = _condition(pod, "PodScheduled")
-    if cond.get("message"):
-        return f"{cond.get('reason') or 'Unschedulable'}: {cond['message']}"
-    found = [e for e in events if e.get("reason") == "FailedScheduling"]
-    if found:
-        return f"FailedScheduling: {found[-1].get('message')}"
-    return "the pod is not bound to a node yet"
-
-
 def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manager: str) -> Status:
     """The stage the probe reached and whether it ended there. Ends are: no entry (the webhook did not
-    mutate it), a pull error, a start error, and an exit. Not being scheduled is not an end: the
-    scheduler may still place the pod; the timeout ends it (`timed_out`)."""
+    mutate it), a pull error, a start error, an exit, and a cause that waiting cannot resolve (verify_causes:
+    a missing Secret, ConfigMap or claim, a pod no node can take). Anything else the pod waits on (a busy
+    node, a claim being bound, an autoscaler at work) ends only with the timeout (`timed_out`)."""
     entry = find_entry(trainjob, manager)
     if entry is None:
         return Status(None, done=True, failure=Failure(Stage.ADMITTED, NO_ENTRY, hint_for(Stage.ADMITTED, NO_ENTRY)))
@@ -282,16 +279,28 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
             why = f"no pod yet: the TrainJob is suspended ({cond.get('message') or 'spec.suspend is true'})"
         return Status(Stage.ADMITTED, waiting=why)
     name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
+    namespace = pod["metadata"].get("namespace") or ((trainjob or {}).get("metadata") or {}).get("namespace") or ""
+    credentials = dict(entry_secrets(entry))
     pod_events = [e for e in events if (e.get("involvedObject") or {}).get("name") == name]
-    if _condition(pod, "PodScheduled").get("status") != "True" and not node:
-        return Status(Stage.ADMITTED, waiting=_scheduling_message(pod, pod_events), pod=name)
 
     def at(stage: Stage | None, **kw) -> Status:
         return Status(stage, pod=name, node=node, **kw)
 
-    def failed(stage: Stage, message: str, **kw) -> Status:
-        return at(STAGES[STAGES.index(stage) - 1], done=True, failure=Failure(stage, message, hint_for(
-            stage, message, route)), **kw)
+    def failed(stage: Stage, message: str, cause: causes.Cause | None = None, **kw) -> Status:
+        hint = cause.hint if cause is not None else hint_for(stage, message, route)
+        return at(STAGES[STAGES.index(stage) - 1], done=True,
+                  failure=Failure(stage, message, hint, cause.kind if cause is not None else ""), **kw)
+
+    def waits(stage: Stage, cause: causes.Cause) -> Status:
+        return at(stage, waiting=cause.message, hint=cause.hint, cause=cause.kind)
+
+    if _condition(pod, "PodScheduled").get("status") != "True" and not node:
+        cause = causes.scheduling_cause(pod, pod_events, namespace)
+        return failed(Stage.SCHEDULED, cause.message, cause) if cause.final else waits(Stage.ADMITTED, cause)
+
+    def pull_failed(message: str) -> Status:
+        return failed(Stage.PULLED, message, causes.Cause(causes.IMAGE_PULL, message, causes.pull_hint(
+            message, _entry_publish_image(entry)), final=True))
 
     node_status = _statuses(pod, "containerStatuses").get(NODE_CONTAINER, {})
     init_status = _statuses(pod, "initContainerStatuses").get(route.init_container, {}) if route.init_container else {}
@@ -299,13 +308,18 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
     for status in (init_status, node_status):
         waiting = (status.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in PULL_REASONS:
-            return failed(Stage.PULLED, f"{waiting['reason']}: {waiting.get('message') or _pull_event(pod_events)}")
+            return pull_failed(f"{waiting['reason']}: {waiting.get('message') or _pull_event(pod_events)}")
     pull_error = _pull_event(pod_events)
     node_state = node_status.get("state") or {}
     node_started = "running" in node_state or _terminated(node_status)[0] is not None
-    if pull_error and not node_started and "running" not in (init_status.get("state") or {}) \
-            and not _terminated(init_status)[0]:
-        return failed(Stage.PULLED, pull_error)
+    nothing_started = not node_started and "running" not in (init_status.get("state") or {}) \
+        and not _terminated(init_status)[0]
+    if pull_error and nothing_started:
+        return pull_failed(pull_error)
+    # the kubelet mounts the pod's volumes before it pulls: a Secret or ConfigMap that is not there holds it
+    mount = causes.mount_cause(pod_events, namespace, credentials) if nothing_started else None
+    if mount is not None and mount.final:
+        return failed(Stage.PULLED, mount.message, mount)
     # route 2: the init container must have copied (exited 0) for the node container to start
     if route.init_container:
         term, previous = _terminated(init_status)
@@ -321,7 +335,9 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
             return failed(Stage.STARTED, _term_text(term), exit_code=code)
         return at(Stage.RAN, done=True, exit_code=code, container=NODE_CONTAINER, previous=previous)
     if waiting.get("reason") in START_REASONS:
-        return failed(Stage.STARTED, f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": "))
+        message = waiting.get("message") or ""
+        return failed(Stage.STARTED, f"{waiting['reason']}: {message}".rstrip(": "),
+                      causes.config_cause(message, namespace, credentials))
     if "running" in node_state:
         return at(Stage.STARTED, waiting="running: waiting for it to exit")
     if init_status and not _terminated(init_status)[0]:
@@ -332,6 +348,10 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
     if (pod.get("status") or {}).get("phase") == "Failed":
         return failed(Stage.STARTED, f"pod failed: {(pod.get('status') or {}).get('reason')}: "
                                      f"{(pod.get('status') or {}).get('message')}")
+    # still creating: what the kubelet last warned about says more than `ContainerCreating`
+    held = (mount or causes.node_warning(pod_events)) if nothing_started else None
+    if held is not None:
+        return waits(Stage.SCHEDULED, held)
     return at(Stage.SCHEDULED, waiting=f"{reason}: {text}" if text else reason)
 
 
@@ -341,7 +361,8 @@ def timed_out(status: Status, seconds: float) -> Status:
         return status
     stage = next_stage(status.reached)
     message = f"not {stage.value} after {seconds:g}s: {status.waiting or 'no news from the cluster'}"
-    return Status(status.reached, done=True, failure=Failure(stage, message, hint_for(stage, message)),
+    return Status(status.reached, done=True, failure=Failure(stage, message, status.hint or hint_for(stage, message),
+                                                             status.cause),
                   waiting=status.waiting, pod=status.pod, node=status.node)
 
 
@@ -448,102 +469,3 @@ def expected_entry(settings: Settings | None, facts: RuntimeFacts | None) -> Ent
     if settings is None or facts is None or not settings.configured or not facts.targets:
         return None
     return Entry.build(settings, facts.targets)
-
-
-# ---- the report ----
-
-@dataclass
-class Probe:
-    name: str
-    namespace: str
-    runtime: str                       # KIND/NAME
-    pinned: str = ""                   # the node it was pinned to (--per-node)
-    status: Status = field(default_factory=lambda: Status(None))
-    output: str = ""                   # the last lines of the binary's output
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def node(self) -> str:
-        return self.status.node or self.pinned
-
-    def stages(self) -> list[dict]:
-        out = []
-        reached = -1 if self.status.reached is None else STAGES.index(self.status.reached)
-        for i, stage in enumerate(STAGES):
-            if i <= reached:
-                state, message = "reached", ""
-                if stage is Stage.RAN:
-                    message = f"exit code {self.status.exit_code}"
-            elif self.status.failure is not None and self.status.failure.stage is stage:
-                state, message = "failed", self.status.failure.message
-            else:
-                state, message = "not-reached", ""
-            out.append({"stage": stage.value, "state": state, "message": message})
-        return out
-
-    def as_json(self) -> dict:
-        f = self.status.failure
-        return {"name": self.name, "namespace": self.namespace, "runtime": self.runtime, "node": self.node,
-                "pod": self.status.pod, "reached": self.status.reached.value if self.status.reached else None,
-                "ran": self.status.ran, "exitCode": self.status.exit_code, "output": self.output,
-                "failure": {"stage": f.stage.value, "message": f.message, "hint": f.hint} if f else None,
-                "stages": self.stages(),
-                "checks": [{"check": c.what, "expected": c.expected, "found": c.found, "ok": c.ok}
-                           for c in self.checks]}
-
-
-def exit_code(probes: list[Probe]) -> int:
-    return 0 if probes and all(p.status.ran for p in probes) else 1
-
-
-def render_json(probes: list[Probe]) -> str:
-    return json.dumps([p.as_json() for p in probes], indent=2) + "\n"
-
-
-def render_table(probes: list[Probe], deleted: bool = True) -> str:
-    rows = [("PROBE", "NODE", "REACHED", "RESULT")]
-    notes: list[list[str]] = []
-    for p in probes:
-        st = p.status
-        if st.failure is not None:
-            result = f"FAILED at {st.failure.stage.value}: {st.failure.message}"
-            extra = [f"what to do: {st.failure.hint}"]
-        else:
-            result = f"ran, exit code {st.exit_code}"
-            extra = []
-        if p.output:
-            extra.append("output: " + " | ".join(p.output.splitlines()[-OUTPUT_LINES:]))
-        for c in p.checks:
-            extra.append(f"{'ok' if c.ok else 'DIFFERS'}: {c.what}: {c.found}"
-                         + ("" if c.ok else f" (the settings say {c.expected})"))
-        rows.append((p.name, p.node or "-", st.reached.value if st.reached else "-", result))
-        notes.append(extra)
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{rows[0][0]:<{widths[0]}}  {rows[0][1]:<{widths[1]}}  {rows[0][2]:<{widths[2]}}  {rows[0][3]}"]
-    for row, extra in zip(rows[1:], notes):
-        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
-        lines += [f"    {x}" for x in extra]
-    lines.append(verdict(probes, deleted))
-    return "\n".join(lines) + "\n"
-
-
-def verdict(probes: list[Probe], deleted: bool = True) -> str:
-    ran = sum(p.status.ran for p in probes)
-    runtime = probes[0].runtime if probes else "?"
-    kept = "" if deleted else " (probes kept: --keep)"
-    if probes and ran == len(probes):
-        return f"ok: {ran} of {len(probes)} probes on {runtime} ran the binary through the publish mount{kept}"
-    failed = sorted({p.status.failure.stage.value for p in probes if p.status.failure}, key=lambda s: STAGES.index(
-        Stage(s)))
-    return f"FAILED: {len(probes) - ran} of {len(probes)} probes on {runtime} did not run the binary" \
-           f" (failed at: {', '.join(failed)}){kept}"
-
-
-def progress_line(probes: list[Probe], elapsed: float) -> str:
-    parts = []
-    for p in probes:
-        st = p.status
-        where = st.reached.value if st.reached else "creating"
-        parts.append(f"{p.name}: {'done at ' if st.done else ''}{where}"
-                     + (f" ({st.waiting})" if st.waiting and not st.done else ""))
-    return f"[{elapsed:4.0f}s] " + "; ".join(parts)
