@@ -5,8 +5,8 @@ webhook's volumes and mounts meeting another's (Trainer keeps one of the two, si
 The steps, in Trainer's order (file paths are in the Go modules, `go mod download` puts them in the module cache):
 1. The runtime's `spec.template.spec` (a JobSet spec), then each `spec.runtimePatches` entry in list order,
    merged as a strategic merge patch against `JobSetSpec` (Trainer: pkg/runtime/core/trainingruntime.go,
-   mergeRuntimePatches: `strategicpatch.StrategicMergePatch(source, patch, jobsetv1alpha2.JobSetSpec{})`, the
-   replicated jobs put back in the runtime's order). The keyed lists are those of JobSet's and Kubernetes'
+   mergeRuntimePatches: `strategicpatch.StrategicMergePatch(source, patch, jobsetv1alpha2.JobSetSpec{})`, then
+   the replicated jobs put back in the runtime's order, which this merge never changes). The keyed lists are those of JobSet's and Kubernetes'
    types: replicated jobs by name (jobset api/jobset/v1alpha2/jobset_types.go), containers, init containers and
    volumes by name, mounts by mountPath, env by name (k8s.io/api/core/v1/types.go `patchMergeKey`). A matched
    item is merged key by key (Trainer sends no `$retainKeys` directive); other lists are replaced; maps merge.
@@ -282,14 +282,13 @@ def build_pods(runtime: dict, trainjob: dict) -> dict[str, Pod]:
     """The pod spec of each replicated job of the JobSet Trainer builds for `trainjob` on `runtime`, by job."""
     rspec = runtime.get("spec") or {}
     jobset = _tag(copy.deepcopy((rspec.get("template") or {}).get("spec") or {}), RUNTIME)
-    order = {rj.get("name"): i for i, rj in enumerate(jobset.get("replicatedJobs") or [])}
     m = _Merge()
     tspec = trainjob.get("spec") or {}
     for entry in tspec.get("runtimePatches") or []:
         patch = ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec"))
         if isinstance(patch, dict):
             jobset = m.map(jobset, _tag(patch, f"patch {entry.get('manager')}"))
-    jobs = sorted(jobset.get("replicatedJobs") or [], key=lambda rj: order.get(rj.get("name"), len(order)))
+    jobs = jobset.get("replicatedJobs") or []
     name = str((trainjob.get("metadata") or {}).get("name") or "trainjob")
     policy = rspec.get("mlPolicy") or {}
     if isinstance(policy.get("mpi"), dict):
