@@ -29,8 +29,8 @@ NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
 IMAGE = ("registry.gitlab.com/phpboyscout/go/dispatch/publish@sha256:"
          "0f3c8a1d2b4e5f60718293a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7")
 MANAGER = "dispatch.go.phpboyscout.uk/publish"
-ROUTE1 = {"manager": MANAGER, "publish": {"image": IMAGE, "via": "imageVolume"},
-          "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}]}
+ROUTE1 = {"manager": MANAGER, "publish": {"image": IMAGE, "via": "imageVolume"}, "credentials": [
+    {"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}]}
 ROUTE2 = {"manager": MANAGER, "publish": {"image": IMAGE, "via": "initContainer", "initContainer": "dispatch-publish"}}
 COPIER = {"name": "dispatch-publish", "image": "registry.example/dispatch-publish-copier:1",
           "command": ["sh", "-c", 'cp /publish "$DISPATCH_PUBLISH_DEST/publish"']}
@@ -54,7 +54,8 @@ class Refused:
 
 ADMITTED = None
 TORCHTUNE = [f"manifests/base/runtimes/torchtune/{f} (doc 1) ClusterTrainingRuntime {n}" for f, n in
-             (("llama3_2/llama3_2_1B.yaml", "torchtune-llama3.2-1b"), ("llama3_2/llama3_2_3B.yaml", "torchtune-llama3.2-3b"),
+             (("llama3_2/llama3_2_1B.yaml", "torchtune-llama3.2-1b"),
+              ("llama3_2/llama3_2_3B.yaml", "torchtune-llama3.2-3b"),
               ("qwen2_5/qwen2_5_1.5B.yaml", "torchtune-qwen2.5-1.5b"))]
 MPI_RUNTIMES = [f"manifests/base/runtimes/{f} (doc 1) ClusterTrainingRuntime {n}" for f, n in
                 (("deepspeed_distributed.yaml", "deepspeed-distributed"), ("mlx_distributed.yaml", "mlx-distributed"))]
@@ -68,7 +69,8 @@ UNUSABLE_RUNTIME = {
         "ErrNotFound", "spec.runtimeRef.name", "R2",
         'R2: "The runtime must exist" (ErrNotFound): no ClusterTrainingRuntime pytorch-distributed-gpu in the corpus'),
     "docs/operator-guides/job-scheduling/kai.md (line 55) TrainJob default/pytorch-kai-job": Refused(
-        *NO_TARGET.reason, R3 + ": pytorch-kai-runtime puts `containers` straight under template.spec, no replicatedJobs"),
+        *NO_TARGET.reason,
+        R3 + ": pytorch-kai-runtime puts `containers` straight under template.spec, no replicatedJobs"),
     "probe of docs/operator-guides/job-scheduling/kai.md (line 33) ClusterTrainingRuntime pytorch-kai-runtime": Refused(
         *NO_TARGET.reason, R3 + ": template.spec has `containers` but no replicatedJobs"),
     "probe of pkg/runtime/core/snapshot_test.go (line 342) TrainingRuntime test-namespace/other-runtime": Refused(
@@ -255,7 +257,8 @@ def report(corpus: Corpus) -> None:
         if c.settings_refused is not None:
             got = settings_outcome(c)
             ok = got == {c.settings_refused.reason}
-            print(f"{c.id}: settings {sorted(got) or 'accepted'} [{'ok' if ok else 'FAILS' + awaiting(c.id, 'settings')}]")
+            mark = "ok" if ok else "FAILS" + awaiting(c.id, "settings")
+            print(f"{c.id}: settings {sorted(got) or 'accepted'} [{mark}]")
 
 
 __all__ = ["CASES", "AWAITING_CORE_CHANGE", "Case", "Refused", "Verdict", "judge", "run", "settings_outcome",

@@ -6,10 +6,11 @@ The steps, in Trainer's order (file paths are in the Go modules, `go mod downloa
 1. The runtime's `spec.template.spec` (a JobSet spec), then each `spec.runtimePatches` entry in list order,
    merged as a strategic merge patch against `JobSetSpec` (Trainer: pkg/runtime/core/trainingruntime.go,
    mergeRuntimePatches: `strategicpatch.StrategicMergePatch(source, patch, jobsetv1alpha2.JobSetSpec{})`, then
-   the replicated jobs put back in the runtime's order, which this merge never changes). The keyed lists are those of JobSet's and Kubernetes'
-   types: replicated jobs by name (jobset api/jobset/v1alpha2/jobset_types.go), containers, init containers and
-   volumes by name, mounts by mountPath, env by name (k8s.io/api/core/v1/types.go `patchMergeKey`). A matched
-   item is merged key by key (Trainer sends no `$retainKeys` directive); other lists are replaced; maps merge.
+   the replicated jobs put back in the runtime's order, which this merge never changes). The keyed lists are
+   those of JobSet's and Kubernetes' types: replicated jobs by name (jobset api/jobset/v1alpha2/jobset_types.go),
+   containers, init containers and volumes by name, mounts by mountPath, env by name (k8s.io/api/core/v1/types.go
+   `patchMergeKey`). A matched item is merged key by key (Trainer sends no `$retainKeys` directive); other lists
+   are replaced; maps merge.
 2. Trainer's plugins (pkg/runtime/framework/plugins/...), each an upsert (pkg/apply/apply.go: volumes by name,
    mounts by path, env by name), applied to the pods after the patches:
    - mpi/mpi.go: jobs `node` and `launcher` get volume `mpi-ssh-auth`, their `node` container mounts it at
@@ -319,7 +320,8 @@ def missing(pods: dict[str, Pod], entry: dict) -> list[str]:
         job = rj.get("name")
         spec = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
         pod = pods[job].spec if job in pods else {}
-        lost += [f"{job}: volume {v.get('name')!r}" for v in spec.get("volumes") or [] if v not in pod.get("volumes", [])]
+        lost += [f"{job}: volume {v.get('name')!r}" for v in spec.get("volumes") or []
+                 if v not in pod.get("volumes", [])]
         for lst in ("initContainers", "containers"):
             for c in spec.get(lst) or []:
                 built = next((b for b in pod.get(lst) or [] if b.get("name") == c.get("name")), {})

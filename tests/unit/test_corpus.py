@@ -84,8 +84,9 @@ def test_reading_yaml_markdown_and_go_carriers(tmp_path):
 
 
 def test_a_trainjob_sees_its_own_files_runtimes_over_the_stock_ones(tmp_path):
-    rt = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\nmetadata: {{name: {}}}\nspec: {{x: {}}}\n"
-    job = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: j}\nspec: {runtimeRef: {name: a}}\n"
+    head = "apiVersion: trainer.kubeflow.org/v1alpha1\n"
+    rt = head + "kind: ClusterTrainingRuntime\nmetadata: {{name: {}}}\nspec: {{x: {}}}\n"
+    job = head + "kind: TrainJob\nmetadata: {name: j}\nspec: {runtimeRef: {name: a}}\n"
     (tmp_path / STOCK).mkdir(parents=True)
     (tmp_path / STOCK / "a.yaml").write_text(rt.format("a", "stock"))
     (tmp_path / "docs").mkdir()

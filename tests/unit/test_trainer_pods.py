@@ -29,7 +29,8 @@ def mounts(pod, container="node", lst="containers") -> list[dict]:
 
 
 def test_the_runtime_alone_is_its_pods():
-    rt = node_pod(volumes=[{"name": "data", "emptyDir": {}}], node={"volumeMounts": [{"name": "data", "mountPath": "/d"}]})
+    rt = node_pod(volumes=[{"name": "data", "emptyDir": {}}],
+                  node={"volumeMounts": [{"name": "data", "mountPath": "/d"}]})
     pods = build_pods(rt, job_with())
     assert list(pods) == ["node"]
     assert pods["node"].spec["volumes"] == [{"name": "data", "emptyDir": {}}]
@@ -57,7 +58,8 @@ def test_entries_merge_in_list_order_volumes_by_name_mounts_by_path():
 
 
 def test_an_entry_replaces_the_runtimes_mount_of_one_path():
-    rt = node_pod(volumes=[{"name": "data", "emptyDir": {}}], node={"volumeMounts": [{"name": "data", "mountPath": "/d"}]})
+    rt = node_pod(volumes=[{"name": "data", "emptyDir": {}}],
+                  node={"volumeMounts": [{"name": "data", "mountPath": "/d"}]})
     ours = pod_patch(OURS, {"volumes": [{"name": "cred", "secret": {"secretName": "s"}}],
                             "containers": [{"name": "node", "volumeMounts": [{"name": "cred", "mountPath": "/d"}]}]})
     pods = build_pods(rt, job_with(ours))
@@ -85,7 +87,8 @@ def test_replicated_jobs_keep_the_runtimes_order_and_containers_merge_by_name():
     entry = {"manager": OURS, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
             {"name": "side", "volumeMounts": [{"name": "v", "mountPath": "/s"}]}]}}}}},
-        {"name": "launcher", "template": {"spec": {"template": {"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}}}},
+        {"name": "launcher", "template": {"spec": {"template": {"spec": {
+            "volumes": [{"name": "v", "emptyDir": {}}]}}}}},
     ]}}}}
     pods = build_pods(rt, job_with(entry))
     assert list(pods) == ["launcher", "node"]
@@ -131,7 +134,8 @@ def test_the_flux_plugin_mounts_its_paths_and_adds_its_installer():
     pod = build_pods(rt, job_with())["node"]
     assert {m["mountPath"] for m in mounts(pod)} == {"/mnt/flux", "/opt/software", "/etc/flux-config", "/curve",
                                                      "/dev/shm"}
-    assert {m["mountPath"] for m in mounts(pod, "flux-installer", "initContainers")} == {"/mnt/flux", "/etc/flux-config"}
+    installer = mounts(pod, "flux-installer", "initContainers")
+    assert {m["mountPath"] for m in installer} == {"/mnt/flux", "/etc/flux-config"}
     assert {v["name"] for v in pod.spec["volumes"]} == {"spack-install", "flux-install", "tj-flux-entrypoint",
                                                         "shared-memory", "flux-curve"}
 
