@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tests.corpus import RUNTIME_KINDS, Corpus, Subject, subjects
-from tests.trainer_pods import build_pods, collisions_with, missing
+from tests.trainer_pods import added_by, build_pods, collisions_with, missing
 from webhook.core import patch as patch_mod
 from webhook.core.admission import MUTATE, RUNTIMES, VALIDATE, Admission
 from webhook.core.errors import Denied
@@ -214,6 +214,7 @@ def judge(case: Case, subject: Subject) -> Verdict:
     if v.stored is not None and v.runtime is not None:  # (d)
         pods = build_pods(v.runtime, v.stored)
         met = collisions_with(pods, f"patch {settings.manager}")
+        v.problems += [f"(c) {a}" for a in added_by(pods, f"patch {settings.manager}")]
         v.problems += [f"(d) {c}" for c in met]
         v.problems += [f"(d) {p.job}: two of {d}" for p in pods.values() for d in p.duplicates()]
         entry = next(e for e in v.stored["spec"]["runtimePatches"] if e.get("manager") == settings.manager)

@@ -79,6 +79,7 @@ class Pod:
     job: str
     spec: dict                              # the pod spec as built, origins stripped
     collisions: list[Collision] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)  # jobs and containers the entries add, which the runtime lacks
 
     def duplicates(self) -> list[str]:
         """Volume names and, per container, mountPaths that occur twice in the pod as built."""
@@ -122,7 +123,8 @@ class _Merge:
 
     def __init__(self):
         self.collisions: list[Collision] = []
-        self.job = self.container = ""
+        self.added: list[tuple[str, str]] = []  # (job, what): jobs and containers an entry adds to the template
+        self.job = self.container = self.origin = ""
 
     def map(self, base: dict, patch: dict) -> dict:
         out = dict(base)
@@ -131,8 +133,8 @@ class _Merge:
                 continue
             if isinstance(v, dict) and isinstance(out.get(k), dict):
                 out[k] = self.map(out[k], v)
-            elif isinstance(v, list) and k in MERGE_KEYS and isinstance(out.get(k), list):
-                out[k] = self.keyed(k, out[k], v)
+            elif isinstance(v, list) and k in MERGE_KEYS and isinstance(out.get(k, []), list):
+                out[k] = self.keyed(k, out.get(k, []), v)
             else:
                 out[k] = copy.deepcopy(v)
         if ORIGIN in patch:
@@ -147,6 +149,11 @@ class _Merge:
                 continue
             at = next((i for i, b in enumerate(out) if isinstance(b, dict) and b.get(key) == item.get(key)), None)
             if at is None:
+                if lst in ("replicatedJobs", "containers", "initContainers"):
+                    job = str(item.get("name")) if lst == "replicatedJobs" else self.job
+                    what = "replicated job" if lst == "replicatedJobs" else lst[:-1]
+                    self.added.append((job, f"{job}: {self.origin} adds {what} {item.get('name')!r},"
+                                            " which the runtime lacks"))
                 out.append(copy.deepcopy(item))
                 continue
             if lst in ("replicatedJobs", "containers", "initContainers"):
@@ -288,7 +295,8 @@ def build_pods(runtime: dict, trainjob: dict) -> dict[str, Pod]:
     for entry in tspec.get("runtimePatches") or []:
         patch = ((((entry or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec"))
         if isinstance(patch, dict):
-            jobset = m.map(jobset, _tag(patch, f"patch {entry.get('manager')}"))
+            m.origin = f"patch {entry.get('manager')}"
+            jobset = m.map(jobset, _tag(patch, m.origin))
     jobs = jobset.get("replicatedJobs") or []
     name = str((trainjob.get("metadata") or {}).get("name") or "trainjob")
     policy = rspec.get("mlPolicy") or {}
@@ -303,8 +311,17 @@ def build_pods(runtime: dict, trainjob: dict) -> dict[str, Pod]:
     pods = {}
     for rj in jobs:
         job = str(rj.get("name"))
-        pods[job] = Pod(job, _plain(_pod(rj)), [c for c in m.collisions if c.job == job])
+        pods[job] = Pod(job, _plain(_pod(rj)), [c for c in m.collisions if c.job == job],
+                        [text for j, text in m.added if j == job])
     return pods
+
+
+def added_by(pods: dict[str, Pod], origin: str) -> list[str]:
+    """The replicated jobs and containers `origin` names that the runtime lacks: the strategic merge appends
+    them (a container without an image, a job without a pod), and Trainer v2.3.0's webhook does not refuse them,
+    as it checks the patches against the template they were already merged into (plugins/jobset/jobset.go,
+    Validate, given the info of pkg/runtime/core/*trainingruntime.go, newRuntimeInfo)."""
+    return [a for p in pods.values() for a in p.added if f": {origin} adds " in a]
 
 
 def collisions_with(pods: dict[str, Pod], origin: str) -> list[str]:

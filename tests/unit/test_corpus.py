@@ -1,6 +1,7 @@
 """The upstream corpus through the webhook's review path (issue 34 item 2): (a) admitted or refused as SPEC says
 (tests/corpus_cases.py holds the reviewed table), and (d) no volume or mount of the webhook's entry meeting another
-of its name or path in the pods Trainer and JobSet build. (b) and (c), on the API server: tests/e2e/test_corpus.py.
+of its name or path in the pods Trainer and JobSet build; also the part of (c) Trainer v2.3.0's webhook leaves
+out: the entry names no job or container the runtime lacks. (b) and (c) on the API server: tests/e2e/test_corpus.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.helpers import pod_patch, runtime, trainjob
-from tests.trainer_pods import CLAIMS, RUNTIME, TRAINER_ENV, Collision, build_pods, collisions_with, missing
+from tests.trainer_pods import (CLAIMS, RUNTIME, TRAINER_ENV, Collision, added_by, build_pods, collisions_with,
+                                missing)
 
 OURS = "dispatch.go.phpboyscout.uk/publish"
 
@@ -206,3 +207,21 @@ def test_a_credential_elsewhere_meets_nothing_on_any_stock_runtime():
         entry = credential_entry("checkpoint-store", "/var/run/dispatch/creds", jobs)
         pods = build_pods(rt, job_with(entry))
         assert collisions_with(pods, f"patch {OURS}") == [] and missing(pods, entry) == [], path
+
+
+def test_jobs_and_containers_an_entry_names_that_the_runtime_lacks_are_appended_and_reported():
+    """Trainer v2.3.0's webhook checks the patches against the template they were merged into, so it never sees
+    these (tests/e2e/test_corpus.py shows it admitting them): the harness reports them instead."""
+    pod = {"template": {"spec": {"template": {"spec": {"initContainers": [{"name": "dispatch-publish"}],
+                                                       "containers": [{"name": "node"}, {"name": "x"}]}}}}}
+    entry = {"manager": OURS, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", **pod}, {"name": "other", **pod}]}}}}
+    pods = build_pods(node_pod(), job_with(entry))
+    assert [c["name"] for c in pods["node"].spec["containers"]] == ["node", "x"]
+    assert added_by(pods, f"patch {OURS}") == [
+        f"node: patch {OURS} adds initContainer 'dispatch-publish', which the runtime lacks",
+        f"node: patch {OURS} adds container 'x', which the runtime lacks",
+        f"other: patch {OURS} adds replicated job 'other', which the runtime lacks"]
+    assert added_by(pods, "patch example.com/other") == []
+    assert added_by(build_pods(node_pod(), job_with(pod_patch(OURS, {"containers": [{"name": "node"}]}))),
+                    f"patch {OURS}") == []
