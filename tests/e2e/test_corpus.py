@@ -8,8 +8,9 @@ tests/unit/test_corpus.py checks that part of (c) on the pods the harness builds
 One control plane for the module. The corpus's runtimes are created in it, each under a name of its own where two
 share one (the corpus holds three ClusterTrainingRuntimes named torch-distributed), and again with route 2's init
 container under `r2-NAME`; a TrainJob names its runtime's server name. Strict field validation refuses some
-runtimes of the docs; they are created without the unknown fields, as `kubectl apply --validate=false` would. Each admitted TrainJob is sent twice: as
-upstream wrote it (the baseline, which must pass: else the failure is upstream's) and as the webhook mutated it.
+runtimes of the docs; they are created without the unknown fields, as `kubectl apply --validate=false` would.
+Each admitted TrainJob is sent twice: as upstream wrote it (the baseline: where the API server refuses it, the
+refusal is upstream's, listed in REFUSED_UPSTREAM) and as the webhook mutated it.
 """
 
 from __future__ import annotations
