@@ -29,8 +29,8 @@ The steps, in Trainer's order (file paths are in the Go modules, `go mod downloa
    mount a volume of that name (jobset pkg/controllers/volume_claim_policy.go, addVolumes): appended, not
    upserted, so a volume of that name already there makes two.
 
-A collision is recorded wherever an item meets an item of one key from another origin and the two differ
-(the runtime, `patch MANAGER`, `plugin NAME`, `trainjob spec.trainer.env`, `jobset volumeClaimPolicies`).
+A collision is recorded wherever an item meets another of its key and the two differ, each named by its origin:
+the runtime, `patch MANAGER`, `plugin NAME`, `trainjob spec.trainer.env`, `jobset volumeClaimPolicies`.
 Not modelled, as none of them touches volumes or mounts: the torch, jax and xgboost plugins' env, the
 initializer builder's env, resources, images and commands. Items are read as the typed Go structs read them:
 a `null` or an empty list is absent (`omitempty`).
@@ -100,8 +100,7 @@ def _present(value) -> bool:
 def _tag(value, origin: str, lst: str | None = None):
     """A copy of `value` with every tracked item (volume, mount, env) marked with its origin."""
     if isinstance(value, dict):
-        out = {k: _tag(v, origin, k) for k, v in value.items()}
-        return out
+        return {k: _tag(v, origin, k) for k, v in value.items()}
     if isinstance(value, list):
         items = [_tag(v, origin) for v in value]
         if lst in TRACKED:
@@ -170,7 +169,7 @@ class _Merge:
         return out
 
     def note(self, lst: str, earlier: dict, later: dict) -> None:
-        if lst in TRACKED and _plain(earlier) != _plain(later) and earlier.get(ORIGIN) != later.get(ORIGIN):
+        if lst in TRACKED and _plain(earlier) != _plain(later):  # one origin may collide with itself too
             self.collisions.append(Collision(self.job, "" if lst == "volumes" else self.container, TRACKED[lst],
                                              str(later.get(MERGE_KEYS[lst])), str(earlier.get(ORIGIN)),
                                              str(later.get(ORIGIN))))
