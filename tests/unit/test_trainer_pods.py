@@ -58,6 +58,12 @@ def test_entries_merge_in_list_order_volumes_by_name_mounts_by_path():
     assert len(collisions_with(pods, "patch a.example.com/first")) == 2
 
 
+def test_an_entry_with_two_volumes_of_one_name_collides_with_itself():
+    twice = pod_patch(OURS, {"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "secret": {"secretName": "s"}}]})
+    assert collisions_with(build_pods(node_pod(), job_with(twice)), f"patch {OURS}") == [
+        f"node: volume 'v' of patch {OURS} replaces the one of patch {OURS}"]
+
+
 def test_an_entry_replaces_the_runtimes_mount_of_one_path():
     rt = node_pod(volumes=[{"name": "data", "emptyDir": {}}],
                   node={"volumeMounts": [{"name": "data", "mountPath": "/d"}]})
