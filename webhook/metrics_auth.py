@@ -131,7 +131,8 @@ class MetricsAuth:
         families = metrics.get()
         families.api_requests.labels("create", kind).inc()
         try:
-            return create(body, _request_timeout=REVIEW_TIMEOUT)
+            # (connect, read), not one float: clients before kubernetes 37 ignore a float timeout (only int or tuple).
+            return create(body, _request_timeout=(REVIEW_TIMEOUT, REVIEW_TIMEOUT))
         except Exception:
             families.api_errors.labels("create", kind).inc()
             raise
