@@ -12,7 +12,7 @@ import yaml
 
 from . import __version__, api
 from .core import settings as settings_mod
-from .core.admission import Admission, BadReview, Enforcement, Verb
+from .core.admission import PREVIOUS_SETTINGS_GRACE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
 from .certs.context import DEFAULT_CIPHERS
 from .files import RuntimeFileError, load_runtimes, load_settings
@@ -33,6 +33,17 @@ def _positive(kind: type):
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def _not_negative(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds, 0 or more")
+    return value
 
 
 def _now(text: str | None):
@@ -229,6 +240,14 @@ def parser() -> argparse.ArgumentParser:
                         " has started (default 5)")
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
                    help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
+    s.add_argument("--publish-repositories", metavar="REPO[,REPO...]",
+                   help="the repositories the settings' publish.image may name, fixed for the server's life: settings"
+                        " naming another are refused (live: the last good ones kept); empty: none (default: the"
+                        " repository of the settings it starts with)")
+    s.add_argument("--previous-settings-grace", type=_not_negative, default=PREVIOUS_SETTINGS_GRACE,
+                   metavar="SECONDS", help="after a settings switch, the previous settings' entry is still accepted on"
+                   f" CREATE this long (default {PREVIOUS_SETTINGS_GRACE:.0f}); 0: refused at once, the way to revoke"
+                   " a publish digest")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--client-subject", action="append", metavar="CN",
                    help="with --client-ca: accept a client certificate only when its subject common name is CN"
