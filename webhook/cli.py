@@ -186,7 +186,7 @@ def cmd_certificates(args) -> int:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
     controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
                                              certs.service_names(args.tls_service, namespace),
-                                             args.webhook_configuration)
+                                             args.webhook_configuration, args.ca_secret)
     while True:
         try:
             controller.sync()
@@ -279,7 +279,10 @@ def parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("certificates", help="self-managed certificates' controller: keep a CA and serving pair in"
                                             " the Secret and the CA in the webhook configurations' caBundle")
-    k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only)")
+    k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only): the"
+                   " serving pair and the CA certificate")
+    k.add_argument("--ca-secret", required=True, help="the Secret holding the CA's certificate and key, which only this"
+                   " controller reads (delete it to rotate the CA and the serving pair)")
     k.add_argument("--tls-service", required=True, help="the Service name the certificate is for")
     k.add_argument("--webhook-configuration", required=True,
                    help="the Mutating/ValidatingWebhookConfiguration name (and <name>-runtimes, when it exists)")

@@ -199,6 +199,17 @@ def _rest(tests, a, add, ns) -> list[dict]:
          (f'dispatch_admission_settings_valid{{{OTHER}}}', "0x10")],
         [("9m", [])])
 
+    # A settings switch (issue 35): told for 10 minutes, per namespace however many replicas and workers switched.
+    r = a["DispatchAdmissionSettingsSwitched"]
+    add(r["alert"], "fires at once on a switch, for 10 minutes",
+        [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "0 0 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"),
+         (f'dispatch_admission_settings_switches_total{{{SERIES},pod="other-pod"}}', "0 0 0 0 2 2 2 2 2 2 2 2 2 2 2 2")],
+        [("2m", []), ("4m", [firing(r, ns)]), ("12m", [firing(r, ns)]), ("16m", [])])
+    add(r["alert"], "quiet while the settings stay, across a pod restart, and for other releases",
+        [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "3 3 3 3 0 0 0 0 0 0"),
+         (f'dispatch_admission_settings_switches_total{{{OTHER}}}', "0+1x10")],
+        [("9m", [])])
+
     # Would-deny in warn mode.
     r = a["DispatchAdmissionWouldDeny"]
     add(r["alert"], "fires on would-deny counts",
@@ -228,7 +239,7 @@ def promtool_run(promtool, *args, cwd: Path) -> subprocess.CompletedProcess:
 def test_promtool_checks_the_rendered_rules(helm, promtool, tmp_path):
     rules = write_rules(helm, tmp_path)
     got = promtool_run(promtool, "check", "rules", str(rules), cwd=tmp_path)
-    assert got.returncode == 0 and "SUCCESS: 8 rules found" in got.stdout, got.stdout + got.stderr
+    assert got.returncode == 0 and "SUCCESS: 9 rules found" in got.stdout, got.stdout + got.stderr
 
 
 @pytest.mark.parametrize("runtime_labels", [False, True], ids=["counts", "runtime-labels"])
@@ -243,7 +254,7 @@ def test_every_alert_fires_and_stays_quiet_as_it_should(helm, promtool, tmp_path
 def test_each_alert_has_a_firing_and_a_quiet_unit_test(helm, tmp_path):
     rules = rendered_rules(helm, tmp_path)
     names = set(alert_rules(rules))
-    assert len(names) == 8
+    assert len(names) == 9
     fires, quiet = set(), set()
     for test in unit_tests(rules):
         for check in test["alert_rule_test"]:
@@ -271,7 +282,7 @@ def test_alerts_can_be_turned_off_and_retuned(helm, tmp_path):
         "selector": 'service="x"', "alerts": {"wouldDeny": {"enabled": False},
                                              "slowReviews": {"thresholdSeconds": 2.5, "for": "3m", "severity": "page"}}}})
     a = alert_rules(rules)
-    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 7
+    assert "DispatchAdmissionWouldDeny" not in a and len(a) == 8
     slow = a["DispatchAdmissionSlowReviews"]
     assert slow["expr"].endswith("> 2.5") and slow["for"] == "3m" and slow["labels"] == {"severity": "page"}
     assert '{service="x"}' in slow["expr"]

@@ -18,7 +18,8 @@ DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
 # One pattern for the parser and for the published JSON Schema, so both accept the same references.
 PINNED_PATTERN = rf"^{_NAME}@{DIGEST_PATTERN}$"
 _PINNED = re.compile(PINNED_PATTERN)
-_NAME_RE = re.compile(rf"^{_NAME}$")
+REPOSITORY_PATTERN = rf"^{_NAME}$"  # a repository: the NAME alone (the chart's publish.repositories)
+_NAME_RE = re.compile(REPOSITORY_PATTERN)
 _TAGGED_NAME = re.compile(rf"^{_NAME}:[\w][\w.-]{{0,127}}$")
 
 
