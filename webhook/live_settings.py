@@ -2,8 +2,9 @@
 the Kubernetes API (a watch of that one object), or from a file re-read when it changes.
 
 Each source hands good settings to `on_change` and keeps the last good ones when an edit fails to parse, or
-names a publish repository not fixed at deploy time (webhook.core.sources): it logs the ErrInvalid message and sets `dispatch_admission_settings_valid` to 0 (1 again with the next good
-settings); the replica stays ready. `refresh()` reads the settings once more, for the core to call before
+names a publish repository not fixed at deploy time (webhook.core.sources): it logs the ErrInvalid message
+and sets `dispatch_admission_settings_valid` to 0 (1 again with the next good settings); the replica stays
+ready. `refresh()` reads the settings once more, for the core to call before
 an S4 refusal; it reads at most once a second, so forged entries cannot turn into load on the API server.
 """
 

@@ -203,7 +203,7 @@ def _rest(tests, a, add, ns) -> list[dict]:
     r = a["DispatchAdmissionSettingsSwitched"]
     add(r["alert"], "fires at once on a switch, for 10 minutes",
         [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "0 0 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"),
-         (f'dispatch_admission_settings_switches_total{{{SERIES},pod="other-pod"}}', "0 0 0 0 2 2 2 2 2 2 2 2 2 2 2 2")],
+         (f'dispatch_admission_settings_switches_total{{{SERIES},pod="other-pod"}}', "0 0 0 0 2 2 2 2 2 2 2 2 2 2 2")],
         [("2m", []), ("4m", [firing(r, ns)]), ("12m", [firing(r, ns)]), ("16m", [])])
     add(r["alert"], "quiet while the settings stay, across a pod restart, and for other releases",
         [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "3 3 3 3 0 0 0 0 0 0"),
