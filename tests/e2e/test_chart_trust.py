@@ -34,14 +34,14 @@ def test_the_publish_repository_is_fixed_at_deploy_time(helm, tmp_path):
     assert arg(both, "--publish-repositories") == f"{REPO},registry.example/next"
     err = refused(helm, tmp_path, merged(ROUTE1, {"publish": {"repositories": ["registry.example/next"]}}))
     assert f"publish.image's repository {REPO} is not in publish.repositories" in err
-    for bad in (IMAGE, REPO + ":v1", "Registry/x"):
-        assert "publish.repositories" in refused(helm, tmp_path, {"publish": {"repositories": [bad]}}), bad
+    for bad in (IMAGE, REPO + ":v1", "registry.example/Upper"):
+        assert "/publish/repositories/0" in refused(helm, tmp_path, {"publish": {"repositories": [bad]}}), bad
 
 
 def test_the_grace_reaches_serve_and_may_be_zero(helm, tmp_path):
     assert arg(rendered(helm, tmp_path, {}), "--previous-settings-grace") == "600"
     assert arg(rendered(helm, tmp_path, {"previousSettingsGraceSeconds": 0}), "--previous-settings-grace") == "0"
-    assert "previousSettingsGraceSeconds" in refused(helm, tmp_path, {"previousSettingsGraceSeconds": -1})
+    assert "/previousSettingsGraceSeconds" in refused(helm, tmp_path, {"previousSettingsGraceSeconds": -1})
 
 
 # ---- the CA apart, and one ServiceAccount per role ----
@@ -134,7 +134,7 @@ def test_the_guard_is_on_by_default_and_names_who_may_pass(helm, tmp_path):
     assert rule["resources"] == ["configmaps"], "no opt-out label: only the settings are guarded"
     off = rendered(helm, tmp_path, {"guard": {"enabled": False}})
     assert not [k for k in off if k[0].startswith("ValidatingAdmissionPolicy")]
-    assert "guard" in refused(helm, tmp_path, {"guard": {"serviceAccounts": ["no-namespace"]}})
+    assert "/guard/serviceAccounts/0" in refused(helm, tmp_path, {"guard": {"serviceAccounts": ["no-namespace"]}})
 
 
 # ---- the NetworkPolicy per platform ----
@@ -171,7 +171,7 @@ def test_network_policy_variants_per_platform(helm, tmp_path):
         "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}]]
     for docs in (calico, konnectivity, rendered(helm, tmp_path, {})):
         assert not [k for k in docs if k[0] == "CiliumNetworkPolicy"]
-    assert "apiServerSource" in refused(helm, tmp_path, {"networkPolicy": {"apiServerSource": "weave"}})
+    assert "/networkPolicy/apiServerSource" in refused(helm, tmp_path, {"networkPolicy": {"apiServerSource": "weave"}})
 
 
 @pytest.mark.parametrize("source", ["cidrs", "cilium", "calico", "konnectivity"])
