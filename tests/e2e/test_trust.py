@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -237,8 +236,13 @@ def test_a_live_edit_naming_another_repository_is_refused_and_a_moved_digest_tak
 # ---- the grace, and no create skipping mutation ----
 
 def test_a_create_carrying_a_deletion_timestamp_is_mutated_never_let_through(release):
-    """A tenant sets deletionTimestamp on a create to skip the mutating webhook (the API server clears it only
-    after mutating admission), carrying a digest switched away from, which validation accepts in its grace."""
+    """A tenant sets deletionTimestamp on a create to skip the mutating webhook, carrying a digest switched away
+    from, which validation accepts in its grace. The chart's matchConditions judge only UPDATEs (on the stored
+    object), so the create is mutated (or refused), never admitted with the old entry.
+
+    Kubernetes 1.37.2 (this suite's) already drops the field before mutating admission, so the chart's former
+    condition (`!has(object.metadata.deletionTimestamp)`, on any operation) let nothing through here either;
+    the hole is an API server that clears it only in BeforeCreate, after mutation. This shows the end result."""
     c = release.c
     old_entry = entry_for(c, "deleting-entry")
     with published(release, f"{REPO}@{D1}"):
@@ -247,18 +251,7 @@ def test_a_create_carrying_a_deletion_timestamp_is_mutated_never_let_through(rel
         stored = json.loads(got.stdout)
         assert "deletionTimestamp" not in stored["metadata"]
         assert digest(stored) == D1, "the create skipped mutation: it carries the revoked digest"
-        # The condition the chart had (any object carrying deletionTimestamp skipped) lets the same create through.
-        path = "/webhooks/0/matchConditions/0/expression"
-        ours = c.get("mutatingwebhookconfiguration", FULL)["webhooks"][0]["matchConditions"][0]["expression"]
-        c.kubectl("patch", "mutatingwebhookconfiguration", FULL, "--type=json", "-p", json.dumps(
-            [{"op": "replace", "path": path, "value": "!has(object.metadata.deletionTimestamp)"}]))
-        try:
-            time.sleep(2)  # the API server's informer takes the changed configuration
-            got = create(c, job("deleting-before", [old_entry], deleting=True), dry_run=True)
-            assert got.returncode == 0 and digest(json.loads(got.stdout)) == D0, got.stdout + got.stderr
-        finally:
-            c.kubectl("patch", "mutatingwebhookconfiguration", FULL, "--type=json", "-p", json.dumps(
-                [{"op": "replace", "path": path, "value": ours}]))
+        assert "replaced the runtimePatches entry" in got.stderr, "not mutated"
 
 
 def test_with_grace_zero_the_old_digest_is_refused_at_once_and_an_upgrade_keeps_serving(release):

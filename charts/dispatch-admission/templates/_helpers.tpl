@@ -179,8 +179,8 @@ rules:
 {{ include "dispatch-admission.namespaceSelector" $root }}
 # An update of a TrainJob being deleted (its finalizers removed) is never sent: the webhook would allow it
 # anyway, and so it goes through while no replica answers. Judged on the stored object (oldObject) and on
-# UPDATE only: a CREATE may carry a deletionTimestamp of its own, which the API server clears only after
-# mutating admission, and must never skip the webhooks for it.
+# UPDATE only: a CREATE may carry a deletionTimestamp of its own (an API server that clears it only in
+# BeforeCreate, after mutating admission, would show it to the condition), and must never skip the webhooks.
 matchConditions:
   - name: not-being-deleted
     expression: "request.operation != 'UPDATE' || !has(oldObject.metadata.deletionTimestamp)"
