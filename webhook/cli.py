@@ -13,7 +13,7 @@ import yaml
 
 from . import __version__, api
 from .core import settings as settings_mod
-from .core.admission import Admission, BadReview, Enforcement, Verb
+from .core.admission import PREVIOUS_SETTINGS_GRACE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
 from .certs.context import DEFAULT_CIPHERS
 from .core.verify_cleanup import MAX_PROBES
@@ -35,6 +35,17 @@ def _positive(kind: type):
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def _not_negative(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds, 0 or more")
+    return value
 
 
 def _now(text: str | None):
@@ -199,7 +210,7 @@ def cmd_certificates(args) -> int:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
     controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
                                              certs.service_names(args.tls_service, namespace),
-                                             args.webhook_configuration)
+                                             args.webhook_configuration, args.ca_secret)
     while True:
         try:
             controller.sync()
@@ -297,6 +308,14 @@ def parser() -> argparse.ArgumentParser:
                         " has started (default 5)")
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
                    help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
+    s.add_argument("--publish-repositories", metavar="REPO[,REPO...]",
+                   help="the repositories the settings' publish.image may name, fixed for the server's life: settings"
+                        " naming another are refused (live: the last good ones kept); empty: none (default: the"
+                        " repository of the settings it starts with)")
+    s.add_argument("--previous-settings-grace", type=_not_negative, default=PREVIOUS_SETTINGS_GRACE,
+                   metavar="SECONDS", help="after a settings switch, the previous settings' entry is still accepted on"
+                   f" CREATE this long (default {PREVIOUS_SETTINGS_GRACE:.0f}); 0: refused at once, the way to revoke"
+                   " a publish digest")
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--client-subject", action="append", metavar="CN",
                    help="with --client-ca: accept a client certificate only when its subject common name is CN"
@@ -339,7 +358,10 @@ def parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("certificates", help="self-managed certificates' controller: keep a CA and serving pair in"
                                             " the Secret and the CA in the webhook configurations' caBundle")
-    k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only)")
+    k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only): the"
+                   " serving pair and the CA certificate")
+    k.add_argument("--ca-secret", required=True, help="the Secret holding the CA's certificate and key, which only this"
+                   " controller reads (delete it to rotate the CA and the serving pair)")
     k.add_argument("--tls-service", required=True, help="the Service name the certificate is for")
     k.add_argument("--webhook-configuration", required=True,
                    help="the Mutating/ValidatingWebhookConfiguration name (and <name>-runtimes, when it exists)")

@@ -1,9 +1,10 @@
 """Settings that change while the webhook serves (SPEC 2.1): followed from the chart's ConfigMap through
 the Kubernetes API (a watch of that one object), or from a file re-read when it changes.
 
-Each source hands good settings to `on_change` and keeps the last good ones when an edit fails to parse:
-it logs the ErrInvalid message and sets `dispatch_admission_settings_valid` to 0 (1 again with the next good
-settings); the replica stays ready. `refresh()` reads the settings once more, for the core to call before
+Each source hands good settings to `on_change` and keeps the last good ones when an edit fails to parse, or
+names a publish repository not fixed at deploy time (webhook.core.sources): it logs the ErrInvalid message
+and sets `dispatch_admission_settings_valid` to 0 (1 again with the next good settings); the replica stays
+ready. `refresh()` reads the settings once more, for the core to call before
 an S4 refusal; it reads at most once a second, so forged entries cannot turn into load on the API server.
 """
 
@@ -20,6 +21,7 @@ from . import metrics
 from .cluster import Backoff, blocking_allowed
 from .core.errors import Denied
 from .core.runtimes import WouldBlock
+from .core import sources
 from .core.settings import Settings, doc_reason, parse
 
 log = logging.getLogger(__name__)
@@ -38,8 +40,9 @@ class LiveSettings:
 
     where = "settings"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, repositories: frozenset[str] | None = None):
         self.clock = clock
+        self.repositories = repositories  # where the publish image may come from; None: not checked
         self.on_change: OnChange = lambda s: None
         self._last_refresh = float("-inf")
         self._refresh_lock = threading.Lock()
@@ -50,12 +53,17 @@ class LiveSettings:
 
     def read(self) -> Settings:
         """The settings as they are now; raises Denied (ErrInvalid) when they cannot be used."""
-        return parse(self.read_text())
+        return self.parse(self.read_text())
+
+    def parse(self, text: bytes) -> Settings:
+        """Settings that parse and name a publish repository fixed at deploy time; raises Denied."""
+        settings = parse(text)
+        return settings if self.repositories is None else sources.check(settings, self.repositories)
 
     def take(self, text: bytes) -> Settings | None:
         """Parse `text`; good settings go to on_change, bad ones are logged and keep the last good ones."""
         try:
-            settings = parse(text)
+            settings = self.parse(text)
         except Denied as e:
             metrics.set_settings_valid(False)
             log.error(json.dumps({"msg": "settings refused: the last good settings stay in use",
@@ -201,6 +209,24 @@ class ConfigMapSettings(LiveSettings):
                                   "source": self.where, "error": str(e)[:2000]}))
             return
         self.take(text)
+
+
+def fixed_repositories(given: str | None, settings: Settings) -> frozenset[str]:
+    """`serve --publish-repositories` (None: the repository of the settings the server starts with), checked
+    against those settings: raises Denied, so the server does not start with settings it would refuse live."""
+    allowed = sources.parse_repositories(given) if given is not None else sources.repositories_of(settings)
+    sources.check(settings, allowed)
+    return allowed
+
+
+def switch_line(source: str, old: Settings, new: Settings) -> dict:
+    """The log line of a switch: what is now in force, and the publish image it replaced (issue 35: a switch of
+    the image that runs in every tenant's node container is never silent)."""
+    return {"msg": "settings switched", "source": source, "manager": new.manager,
+            "publish": new.publish.image if new.publish else None,
+            "previous_publish": old.publish.image if old.publish else None,
+            "via": new.publish.via if new.publish else None,
+            "credentials": [c.name for c in new.credentials]}
 
 
 def configmap_ref(text: str) -> tuple[str, str]:

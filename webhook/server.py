@@ -28,12 +28,13 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_content_length
 
 from . import heap, metrics
-from .core.admission import MUTATE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
+from .core.admission import (MUTATE, PREVIOUS_SETTINGS_GRACE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement,
+                             Verb)
 from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import KINDS, RuntimeSource, WouldBlock
 from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
-from .live_settings import LiveSettings
+from .live_settings import LiveSettings, fixed_repositories, switch_line
 from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
 from .wsgi import error_body
 
@@ -187,25 +188,26 @@ class ReviewLog:
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
                max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
                enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True,
-               live: LiveSettings | None = None, on_switch: Callable[[Settings], None] | None = None) -> Flask:
+               live: LiveSettings | None = None, on_switch: Callable[[Settings], None] | None = None,
+               grace: float = PREVIOUS_SETTINGS_GRACE) -> Flask:
     """The application factory: routes over one Admission. `serve_metrics` False leaves /metrics to a
     port of its own (serve --metrics-bind). `live`, where given, is followed: the settings it hands over
-    are switched to (and `on_switch` told), and it is read again before an S4 refusal (SPEC 2.1).
+    are switched to (and `on_switch` told), and it is read again before an S4 refusal (SPEC 2.1); the settings
+    switched away from stay acceptable on CREATE for `grace` seconds.
 
     POSTs to the three review paths are answered before Flask's request machinery (a request context,
     URL matching and a Response object cost more than a review does); Flask holds POST routes for the same
     paths only so that other methods get its 405.
     """
     app = Flask("dispatch_admission")
-    admission = Admission(settings, runtimes, enforcement=enforcement, refresh=live.refresh if live else None)
+    admission = Admission(settings, runtimes, enforcement=enforcement, refresh=live.refresh if live else None,
+                          grace=grace)
     if live is not None:
         def switched(new: Settings) -> None:
+            old = admission.settings
             if admission.switch(new):
                 metrics.get().settings_switches.inc()
-                log.info(json.dumps({"msg": "settings switched", "source": live.where, "manager": new.manager,
-                                     "publish": new.publish.image if new.publish else None,
-                                     "via": new.publish.via if new.publish else None,
-                                     "credentials": [c.name for c in new.credentials]}))
+                log.info(json.dumps(switch_line(live.where, old, new)))
                 if on_switch is not None:
                     on_switch(new)
 
@@ -389,6 +391,8 @@ class _Options:
         self.enforcement = Enforcement(args.enforcement)
         self.settings_file = args.settings
         self.settings_configmap = None
+        self.publish_repositories: frozenset[str] | None = None  # fixed once the start-up settings are read
+        self.grace = getattr(args, "previous_settings_grace", PREVIOUS_SETTINGS_GRACE)
         if args.settings and args.settings_configmap:
             raise Denied([_reason("give --settings FILE or --settings-configmap NS/NAME, not both")])
         if args.settings_configmap:
@@ -408,6 +412,7 @@ class _Options:
             self.settings = parse(json.dumps(EXAMPLE))
         else:
             raise Denied([_reason("--settings or --settings-configmap is required (or --dev for the example settings)")])
+        self.publish_repositories = fixed_repositories(getattr(args, "publish_repositories", None), self.settings)
 
     def live_settings(self) -> LiveSettings | None:
         """Where the settings are followed from (SPEC 2.1); None for --dev's embedded example."""
@@ -416,8 +421,9 @@ class _Options:
         if self.settings_configmap:
             from .cluster import api_client
 
-            return ConfigMapSettings(api_client(self.kubeconfig), *self.settings_configmap)
-        return FileSettings(self.settings_file) if self.settings_file else None
+            return ConfigMapSettings(api_client(self.kubeconfig), *self.settings_configmap,
+                                     repositories=self.publish_repositories)
+        return FileSettings(self.settings_file, repositories=self.publish_repositories) if self.settings_file else None
 
 
 def _reason(text: str) -> Reason:
@@ -633,7 +639,8 @@ def run(args) -> int:
             current[0] = settings
 
         return create_app(opts.settings, runtimes, tls.valid, opts.max_body, enforcement=opts.enforcement,
-                          serve_metrics=opts.metrics_bind is None, live=opts.live_settings(), on_switch=rejudge)
+                          serve_metrics=opts.metrics_bind is None, live=opts.live_settings(), on_switch=rejudge,
+                          grace=opts.grace)
 
     server = gunicorn_application(load, bind=opts.bind, workers=opts.workers, certfile=certfile, keyfile=keyfile,
                                   tls=tls, config_file=opts.gunicorn_config, metrics_bind=opts.metrics_bind,

@@ -245,6 +245,17 @@ def _rest(tests, a, add, ns) -> list[dict]:
          (f'dispatch_admission_settings_valid{{{OTHER}}}', "0x10")],
         [("9m", [])])
 
+    # A settings switch (issue 35): told for 10 minutes, per namespace however many replicas and workers switched.
+    r = a["DispatchAdmissionSettingsSwitched"]
+    add(r["alert"], "fires at once on a switch, for 10 minutes",
+        [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "0 0 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"),
+         (f'dispatch_admission_settings_switches_total{{{SERIES},pod="other-pod"}}', "0 0 0 0 2 2 2 2 2 2 2 2 2 2 2")],
+        [("2m", []), ("4m", [firing(r, ns)]), ("12m", [firing(r, ns)]), ("16m", [])])
+    add(r["alert"], "quiet while the settings stay, across a pod restart, and for other releases",
+        [(f'dispatch_admission_settings_switches_total{{{SERIES},{POD}}}', "3 3 3 3 0 0 0 0 0 0"),
+         (f'dispatch_admission_settings_switches_total{{{OTHER}}}', "0+1x10")],
+        [("9m", [])])
+
     # Would-deny in warn mode.
     r = a["DispatchAdmissionWouldDeny"]
     add(r["alert"], "fires on would-deny counts",

@@ -154,10 +154,12 @@ def test_lint_and_template(helm, tmp_path, name):
         controller = docs[("Deployment", f"{FULL}-certs")]["spec"]["template"]["spec"]
         assert f"--webhook-configuration={FULL}" in controller["containers"][0]["args"]
         assert "--tls-read-only" in args and not any(a.startswith("--webhook-configuration") for a in args)
-    # Failing well: a TrainJob being deleted is never sent, nor an opted-out namespace; a short timeout.
+    # Failing well: an update of a TrainJob being deleted is never sent (a create always is), nor an opted-out
+    # namespace; a short timeout.
     for hook in (mutating, validating):
-        assert hook["matchConditions"] == [{"name": "not-being-deleted",
-                                            "expression": "!has(object.metadata.deletionTimestamp)"}]
+        assert hook["matchConditions"] == [{
+            "name": "not-being-deleted",
+            "expression": "request.operation != 'UPDATE' || !has(oldObject.metadata.deletionTimestamp)"}]
         assert {"key": "dispatch-admission.io/ignore", "operator": "DoesNotExist"} in \
             hook["namespaceSelector"]["matchExpressions"]
         assert hook["timeoutSeconds"] <= 5
@@ -265,7 +267,11 @@ CONTEXTS = {
     "certificates.certManager.": CM,
     "metrics.serviceMonitor.": {"metrics": {"serviceMonitor": {"enabled": True}},
                                 "networkPolicy": {"metricsNamespaces": ["monitoring"]}},
+    "certificates.controller.serviceAccount.": {"certificates": {"controller": {"serviceAccount": {"name": "certs"}}}},
+    "networkPolicy.konnectivityAgents.": {"networkPolicy": {"apiServerSource": "konnectivity"}},
+    "networkPolicy.cilium.": {"networkPolicy": {"apiServerSource": "cilium"}},
     "networkPolicy.": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}},
+    "publish.repositories": {"publish": {"image": IMAGE}},
     "prometheusRule.": {"prometheusRule": {"enabled": True}},
     "grafanaDashboard.": {"grafanaDashboard": {"enabled": True}},
     "podDisruptionBudget.minAvailable": {"replicaCount": 3},
@@ -281,6 +287,16 @@ CHANGES = {
     "publish.image": IMAGE,
     "publish.via": "initContainer",
     "publish.initContainer": "my-init",
+    "publish.repositories": [IMAGE.split("@")[0], "registry.example/other"],
+    "guard.groups": ["platform-team"],
+    "guard.users": ["alice"],
+    "guard.serviceAccounts": ["argocd/argocd-application-controller"],
+    "certificates.controller.serviceAccount.name": "other-certs",
+    "certificates.controller.serviceAccount.annotations": {"example.com/role": "x"},
+    "networkPolicy.apiServerSource": "konnectivity",
+    "networkPolicy.konnectivityAgents.namespace": "konnectivity",
+    "networkPolicy.konnectivityAgents.podLabels.k8s-app": "agent",
+    "networkPolicy.cilium.fromEntities": ["kube-apiserver", "remote-node"],
     "credentials": [{"name": "c", "secret": "s", "mountPath": "/creds"}],
     "enforcement": "warn",
     "image.repository": "registry.example/other",
@@ -647,7 +663,8 @@ def test_rbac_is_least_privilege(helm, tmp_path):
                      {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
                       "resourceNames": [FULL, f"{FULL}-runtimes"], "verbs": ["get", "patch"]}]
     assert docs[("Role", controller)]["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"], "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls", f"{FULL}-ca"],
+         "verbs": ["get", "update"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]  # re-created when deleted
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         assert docs[(kind, controller)]["subjects"] == [{"kind": "ServiceAccount", "name": controller, "namespace": NS}]
@@ -884,7 +901,8 @@ def _certificate_controller(c, release: str, tmp_path):
     log = tmp_path / f"{full}-certs.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "webhook", "certificates", "--kubeconfig", str(sa_kubeconfig),
-                                 "--tls-secret", f"{full}-tls", "--tls-service", full, "--webhook-configuration", full,
+                                 "--tls-secret", f"{full}-tls", "--ca-secret", f"{full}-ca", "--tls-service", full,
+                                 "--webhook-configuration", full,
                                  "--namespace", NS, "--every", "2"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 start_new_session=True)
     try:
@@ -952,7 +970,8 @@ def _installed(c, helm, tmp_path, port):
     with _certificate_controller(c, "rel", tmp_path), \
             webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
         version_a, files = _secret(c, f"{FULL}-tls")
-        assert set(files) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
+        assert set(files) == {"ca.crt", "tls.crt", "tls.key"}, "the CA's key is never in the serving Secret"
+        assert set(_secret(c, f"{FULL}-ca")[1]) == {"ca.crt", "ca.key"}
         served_a = _served(port, files["ca.crt"])
         port_b = free_port()
         with webhook_server(tmp_path / "b", *args, port=port_b, make_certs=False):

@@ -33,6 +33,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ RELEASE = "dispatch-admission"
 RNS = "dispatch-system"
 FULL = RELEASE  # the release name holds the chart name: the objects are named after the release
 SECRET = f"{FULL}-tls"
+CA_SECRET = f"{FULL}-ca"
 SELECTOR = f"app.kubernetes.io/name=dispatch-admission,app.kubernetes.io/instance={RELEASE}"
 CONFIGURATIONS = (("mutatingwebhookconfigurations", FULL), ("validatingwebhookconfigurations", FULL),
                   ("validatingwebhookconfigurations", f"{FULL}-runtimes"))
@@ -369,8 +371,8 @@ def served_certificate(host: str, port: int, ca_pem: bytes, server_name: str) ->
     return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
 
 
-def secret_files(c: ControlPlane) -> dict[str, bytes] | None:
-    s = c.get("secret", SECRET, RNS)
+def secret_files(c: ControlPlane, name: str = SECRET) -> dict[str, bytes] | None:
+    s = c.get("secret", name, RNS)
     if s is None:
         return None
     return {k: base64.b64decode(v) for k, v in (s.get("data") or {}).items()}
@@ -502,7 +504,8 @@ def test_the_webhook_reaches_the_api_server_through_the_kubernetes_service(inst)
 def test_self_managed_certificates_one_pair_served_by_both_pods_its_ca_in_every_configuration(inst):
     c = inst.cluster
     files = secret_files(c)
-    assert set(files) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}, "the first replica filled the chart's Secret"
+    assert set(files) == {"ca.crt", "tls.crt", "tls.key"}, "the controller filled the chart's Secret, no CA key in it"
+    assert set(secret_files(c, CA_SECRET)) == {"ca.crt", "ca.key"}
     leaf = x509.load_pem_x509_certificate(files["tls.crt"])
     names = set(leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
                 .get_values_for_type(x509.DNSName))
@@ -512,6 +515,21 @@ def test_self_managed_certificates_one_pair_served_by_both_pods_its_ca_in_every_
         assert served == files["tls.crt"], f"{pod['metadata']['name']} serves another certificate"
     for hook, found in bundles(c).items():
         assert found == [files["ca.crt"]], f"{hook}: caBundle is not the Secret's CA"
+    # Issue 35: the serving pod's own token (the kubelet's projected volume) cannot read the CA's key.
+    pod = inst.ready_pods()[0]
+    (token,) = (inst.nc.node.dir / "kubelet" / "root" / "pods" / pod["metadata"]["uid"]).glob(
+        "volumes/kubernetes.io~projected/kube-api-access-*/token")
+    ctx = ssl.create_default_context(cafile=c.ca_file)
+    for name, status in ((CA_SECRET, 403), (SECRET, 200)):
+        req = urllib.request.Request(f"{c.server}/api/v1/namespaces/{RNS}/secrets/{name}",
+                                     headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                got = r.status
+                assert "ca.key" not in json.loads(r.read())["data"]
+        except urllib.error.HTTPError as e:
+            got = e.code
+        assert got == status, f"the serving pod's token reading Secret {name}: {got}"
     # Both replicas took the Secret as it was: one write by the webhook's ServiceAccount, none since.
     secret = json.loads(c.kubectl("get", "secret", SECRET, "-n", RNS, "-o", "json", "--show-managed-fields").stdout)
     writers = [m for m in secret["metadata"].get("managedFields", []) if m.get("manager") != "helm"]
@@ -777,13 +795,14 @@ def test_one_webhook_pod_deleted_loses_nothing_beyond_its_requests_in_flight(ins
 
 
 def test_certificate_secret_deleted_a_new_pair_is_issued_and_trusted_without_a_failed_admission(inst):
+    """The rotation after an incident (docs/hardening.md): both Secrets deleted, a new CA and pair issued."""
     c = inst.cluster
     old = secret_files(c)
     load = Load(c, "secret-delete", workers=2).start()  # a longer phase: the old CA leaves after a minute
     try:
         load.wait_creates(10)
         began = load.now()
-        c.kubectl("delete", "secret", SECRET, "-n", RNS)
+        c.kubectl("delete", "secret", CA_SECRET, SECRET, "-n", RNS)
         deadline = time.monotonic() + 120
         while True:  # a replica notices (it reads the Secret every 10 s) and issues a new pair
             new = secret_files(c)

@@ -114,3 +114,41 @@ def test_a_bad_edit_keeps_the_last_good_settings_and_is_told(server):
     path.write_text(json.dumps(with_image("d")))
     until(lambda: every_worker_writes(server, "d"), "the next good edit was not taken")
     until(lambda: settings_valid(server) == 1, "dispatch_admission_settings_valid stayed 0")
+
+
+def test_an_edit_naming_another_repository_is_refused_and_a_moved_digest_taken(server):
+    """Issue 35: the repository is fixed at start (here the start-up settings' own: no --publish-repositories);
+    an edit may move the digest within it, never point it elsewhere. Every switch logs both images."""
+    base, ca, log, path = server
+    path.write_text(json.dumps(with_image("e")))
+    until(lambda: every_worker_writes(server, "e"), "a digest moved within the repository was not taken")
+    assert '"previous_publish": "registry.gitlab.com/phpboyscout/go/dispatch/publish@sha256:' in log.read_text()
+    elsewhere = with_image("e")
+    elsewhere["publish"]["image"] = "registry.example/evil/publish@sha256:" + "9" * 64
+    path.write_text(json.dumps(elsewhere))
+    until(lambda: settings_valid(server) == 0, "an edit naming another repository was not refused")
+    until(lambda: "repository 'registry.example/evil/publish' is not one fixed at deploy time" in log.read_text(),
+          "the refusal did not name the repository")
+    assert every_worker_writes(server, "e")  # the last good settings keep serving
+    assert requests.get(f"{base}/readyz", verify=ca, timeout=10).status_code == 200
+    path.write_text(json.dumps(with_image("f")))
+    until(lambda: every_worker_writes(server, "f"), "the next good edit was not taken")
+    until(lambda: settings_valid(server) == 1, "dispatch_admission_settings_valid stayed 0")
+
+
+def test_with_no_grace_the_digest_switched_away_from_is_refused_at_once(tmp_path):
+    """`--previous-settings-grace 0`: the way to revoke a digest; a create carrying its entry is refused from
+    the switch on (with the default grace it is accepted for ten minutes: the test above)."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(with_image("a")))
+    with webhook_server(tmp_path, "--settings", str(path), *RUNTIME_ARGS, "--workers", "2",
+                        "--previous-settings-grace", "0") as (base, ca, log, _):
+        hooked = (base, ca, log, path)
+        old_job = mutated(hooked)
+        path.write_text(json.dumps(with_image("b")))
+        until(lambda: every_worker_writes(hooked, "b"), "a worker still writes the old entry")
+        for _ in range(6):  # each worker
+            refused = post(hooked, "validate", review(old_job))
+            assert refused["allowed"] is False and "differs from what the webhook's settings produce" in \
+                refused["status"]["message"]
+        assert post(hooked, "validate", review(mutated(hooked)))["allowed"]

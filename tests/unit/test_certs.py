@@ -298,19 +298,29 @@ def test_a_new_serving_pair_under_the_same_ca_keeps_the_bundle(monkeypatch, tmp_
     assert [b for b, _ in bundles] == [first["ca.crt"], first["ca.crt"]] and clock.slept == []
 
 
-# ---- the certificate controller (issue 25: the serving pods only read the Secret) ----
+# ---- the certificate controller (issue 25: the serving pods only read the Secret; issue 35: the CA apart) ----
+
+CA_KEYS = {"ca.crt", "ca.key"}
+SERVING_KEYS = {"ca.crt", "tls.crt", "tls.key"}
+
+
+def split(all_files: dict) -> tuple[dict, dict]:
+    """(the CA Secret's files, the serving Secret's) of one pair."""
+    return ({k: all_files[k] for k in CA_KEYS}, {k: all_files[k] for k in SERVING_KEYS})
+
 
 class _ControllerWorld:
-    """The Secret and the caBundle the controller reads and writes, with a log of what happened in which order."""
+    """The two Secrets (by name: rel-ca, rel-tls) and the caBundle the controller reads and writes, with a log
+    of what happened in which order."""
 
-    def __init__(self, monkeypatch, secret_files=None, bundle=()):
+    def __init__(self, monkeypatch, secrets: dict | None = None, bundle=()):
         from webhook.certs import secret as secret_mod
 
-        self.files = dict(secret_files) if secret_files else None
+        self.secrets: dict[str, dict] = {k: dict(v) for k, v in (secrets or {}).items()}
         self.bundle: list[bytes] = list(bundle)
-        self.events: list[tuple[str, object]] = []
+        self.events: list[tuple] = []
         monkeypatch.setattr(secret_mod, "read_secret", lambda api, ns, name: (
-            (self.ns(data=None), dict(self.files)) if self.files is not None else (None, {})))
+            (self.ns(data=None), dict(self.secrets[name])) if name in self.secrets else (None, {})))
         monkeypatch.setattr(secret_mod, "trusted_cas", lambda api, conf: list(self.bundle))
 
         def inject(api, conf, pem):
@@ -324,10 +334,10 @@ class _ControllerWorld:
 
         class Core:
             def create_namespaced_secret(core, ns, body):
-                self._store(body.data)
+                self._store(body.metadata.name, body.data)
 
             def replace_namespaced_secret(core, name, ns, body):
-                self._store(body.data)
+                self._store(name, body.data)
 
         from kubernetes import client
         monkeypatch.setattr(client, "CoreV1Api", lambda api: Core())
@@ -337,53 +347,107 @@ class _ControllerWorld:
         from types import SimpleNamespace
         return SimpleNamespace(**kw)
 
-    def _store(self, data):
+    def _store(self, name, data):
         import base64
-        self.files = {k: base64.b64decode(v) for k, v in data.items()}
-        self.events.append(("secret", self.files["ca.crt"]))
+        self.secrets[name] = {k: base64.b64decode(v) for k, v in data.items()}
+        self.events.append((name, self.secrets[name]["ca.crt"]))
+
+    @property
+    def served(self) -> dict:
+        return self.secrets["rel-tls"]
 
 
 def _controller(clock):
-    return certs.CertificateController(object(), "ns", "rel-tls", NAMES, "rel", clock=clock, sleep=clock.sleep)
+    return certs.CertificateController(object(), "ns", "rel-tls", NAMES, "rel", "rel-ca", clock=clock,
+                                       sleep=clock.sleep)
 
 
-def test_the_controller_fills_an_empty_secret_after_the_bundle_trusts_its_ca(monkeypatch):
+def test_the_controller_fills_empty_secrets_the_ca_key_apart_after_the_bundle_trusts_its_ca(monkeypatch):
     world, clock = _ControllerWorld(monkeypatch), _Clock()
     assert _controller(clock).sync() is True
-    ca = world.files["ca.crt"]
-    assert certs.usable(world.files, NAMES)
-    assert world.events[0] == ("bundle", (ca,)) and world.events[1] == ("secret", ca), "trusted before written"
+    assert set(world.secrets["rel-ca"]) == CA_KEYS
+    assert set(world.served) == SERVING_KEYS, "the serving pods' Secret holds no CA key"
+    ca = world.served["ca.crt"]
+    assert world.secrets["rel-ca"]["ca.crt"] == ca and certs.usable({**world.served, **world.secrets["rel-ca"]}, NAMES)
+    assert world.events.index(("bundle", (ca,))) < world.events.index(("rel-tls", ca)), "trusted before written"
     assert clock.slept == [certs.secret.SETTLE_SECONDS]
+    assert _controller(clock).sync() is False, "nothing to do the next time"
 
 
-def test_a_deleted_secret_gets_a_new_ca_trusted_beside_the_old_until_the_pods_switched(monkeypatch):
-    """The install test's Secret deletion, as the controller sees it: the pods still serve the old pair, so the
-    old CA stays trusted; the new one is trusted before the Secret carries it; the old leaves after the window."""
+def test_the_ca_key_of_an_install_from_before_the_split_moves_to_its_own_secret(monkeypatch):
+    """The serving Secret held all four files: the CA goes to the CA Secret, the serving Secret is rewritten without
+    its key, and the pods keep serving the same pair (no new CA, no new certificate)."""
     old = files()
-    world, clock = _ControllerWorld(monkeypatch, old, [old["ca.crt"]]), _Clock()
+    world, clock = _ControllerWorld(monkeypatch, {"rel-tls": old}, [old["ca.crt"]]), _Clock()
+    assert _controller(clock).sync() is True
+    assert world.secrets["rel-ca"] == {k: old[k] for k in CA_KEYS}
+    assert world.served == {k: old[k] for k in SERVING_KEYS}
+    assert world.bundle == [old["ca.crt"]] and clock.slept == []
+
+
+def test_a_deleted_ca_secret_rotates_the_ca_trusted_beside_the_old_until_the_pods_switched(monkeypatch):
+    """The rotation after an incident (and the install test's), as the controller sees it: the pods still serve the
+    old pair, so the old CA stays trusted; the new one is trusted before the Secret carries it; the old leaves
+    after the window."""
+    ca_files, served = split(files())
+    old_ca = ca_files["ca.crt"]
+    world = _ControllerWorld(monkeypatch, {"rel-ca": ca_files, "rel-tls": served}, [old_ca])
+    clock = _Clock()
     controller = _controller(clock)
-    assert controller.sync() is False and world.bundle == [old["ca.crt"]]
-    world.files = None  # kubectl delete secret
+    assert controller.sync() is False and world.bundle == [old_ca]
+    del world.secrets["rel-ca"], world.secrets["rel-tls"]  # kubectl delete secret rel-ca rel-tls
     assert controller.sync() is True
-    new_ca = world.files["ca.crt"]
-    assert new_ca != old["ca.crt"]
-    widened = world.events.index(("bundle", (new_ca, old["ca.crt"])))
-    assert widened < world.events.index(("secret", new_ca))
-    assert world.bundle == [new_ca, old["ca.crt"]]
+    new_ca = world.served["ca.crt"]
+    assert new_ca != old_ca and world.secrets["rel-ca"]["ca.crt"] == new_ca and set(world.served) == SERVING_KEYS
+    widened = world.events.index(("bundle", (new_ca, old_ca)))
+    assert widened < world.events.index(("rel-tls", new_ca))
+    assert world.bundle == [new_ca, old_ca]
     clock.now += certs.secret.TRUST_REPLACED_CA_SECONDS - 1
     controller.sync()
-    assert world.bundle == [new_ca, old["ca.crt"]], "kept while a pod may still serve the old pair"
+    assert world.bundle == [new_ca, old_ca], "kept while a pod may still serve the old pair"
     clock.now += 1
     controller.sync()
     assert world.bundle == [new_ca], "then the old CA leaves"
 
 
-def test_a_renewal_under_the_same_ca_leaves_the_bundle_alone(monkeypatch):
-    near = files(days=10)  # inside RENEW_BEFORE: renewed, under the same CA
-    world, clock = _ControllerWorld(monkeypatch, near, [near["ca.crt"]]), _Clock()
+def test_the_ca_secret_alone_deleted_rotates_the_serving_pair_too(monkeypatch):
+    ca_files, served = split(files())
+    world = _ControllerWorld(monkeypatch, {"rel-tls": served}, [served["ca.crt"]])
+    assert _controller(_Clock()).sync() is True
+    assert world.served["ca.crt"] == world.secrets["rel-ca"]["ca.crt"] != served["ca.crt"]
+    assert world.served["tls.crt"] != served["tls.crt"], "a pair under the old CA is not kept"
+
+
+def test_a_serving_secret_deleted_gets_a_new_pair_under_the_same_ca(monkeypatch):
+    ca_files, served = split(files())
+    world, clock = _ControllerWorld(monkeypatch, {"rel-ca": ca_files}, [ca_files["ca.crt"]]), _Clock()
     assert _controller(clock).sync() is True
-    assert world.files["ca.crt"] == near["ca.crt"] and world.files["tls.crt"] != near["tls.crt"]
+    assert world.served["ca.crt"] == ca_files["ca.crt"] and world.secrets["rel-ca"] == ca_files
+    assert world.bundle == [ca_files["ca.crt"]] and clock.slept == []
+
+
+def test_a_renewal_under_the_same_ca_leaves_the_bundle_alone(monkeypatch):
+    ca_files, near = split(files(days=10))  # inside RENEW_BEFORE: renewed, under the same CA
+    world = _ControllerWorld(monkeypatch, {"rel-ca": ca_files, "rel-tls": near}, [near["ca.crt"]])
+    clock = _Clock()
+    assert _controller(clock).sync() is True
+    assert world.served["ca.crt"] == near["ca.crt"] and world.served["tls.crt"] != near["tls.crt"]
     assert world.bundle == [near["ca.crt"]] and clock.slept == []
+
+
+def test_a_ca_issues_only_with_its_own_key_and_while_it_outlives_a_serving_pair():
+    ca_key, ca = certs.make_ca()
+    assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(ca), "ca.key": certs.pem_key(ca_key)}) is not None
+    other_key, _ = certs.make_ca()
+    assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(ca), "ca.key": certs.pem_key(other_key)}) is None
+    assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(ca)}) is None
+    now = dt.datetime.now(dt.timezone.utc)
+    short = (x509.CertificateBuilder().subject_name(ca.subject).issuer_name(ca.subject)
+             .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now).not_valid_after(now + dt.timedelta(days=certs.SERVING_DAYS - 1))
+             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+             .sign(ca_key, certs.hashes.SHA256()))
+    assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(short), "ca.key": certs.pem_key(ca_key)}) is None
 
 
 def test_serve_read_only_waits_for_the_controller_and_never_writes(monkeypatch, tmp_path):

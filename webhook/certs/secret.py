@@ -181,58 +181,107 @@ def trusted_cas(api_client, configuration: str) -> list[bytes]:
     return found
 
 
+# The serving Secret's files under the certificate controller: the CA's key is never in the Secret the serving
+# pods read (issue 35: a compromised pod must not be able to mint serving certificates the API server trusts).
+SERVING_FILES = ("ca.crt", "tls.crt", "tls.key")
+
+
+def issuing_ca(files: dict[str, bytes]) -> dict[str, bytes] | None:
+    """`files`' CA (ca.crt and ca.key) when the two match and the CA outlives a serving certificate issued now."""
+    try:
+        cert = x509.load_pem_x509_certificate(files["ca.crt"])
+        key = serialization.load_pem_private_key(files["ca.key"], None)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if key.public_key().public_numbers() != cert.public_key().public_numbers():
+        return None
+    if cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=SERVING_DAYS):
+        return None
+    return {"ca.crt": files["ca.crt"], "ca.key": files["ca.key"]}
+
+
+def serving_files(files: dict[str, bytes], ca: dict[str, bytes], names: list[str]) -> dict[str, bytes]:
+    """What the serving Secret should hold under `ca`: its pair when usable (kept, so the pods serve on), else a
+    new one; and the CA certificate beside it, never the CA's key."""
+    pair = {"tls.crt": files.get("tls.crt", b""), "tls.key": files.get("tls.key", b"")}
+    if not usable({**pair, **ca}, names):
+        ca_cert = x509.load_pem_x509_certificate(ca["ca.crt"])
+        key, cert = make_leaf(serialization.load_pem_private_key(ca["ca.key"], None), ca_cert, names)
+        pair = {"tls.crt": pem_cert(cert), "tls.key": pem_key(key)}
+    return {"ca.crt": ca["ca.crt"], **pair}
+
+
 class CertificateController:
     """Self-managed certificates, issued by a controller of their own (`dispatch-admission certificates`, the
-    chart's <fullname>-certs Deployment and ServiceAccount): it alone may create the Secret and patch the
-    webhook configurations; the serving pods only read the Secret (`serve --tls-read-only`), so a compromised
-    serving pod can neither rewrite the webhooks' rules nor create Secrets.
+    chart's <fullname>-certs Deployment and ServiceAccount): it alone may create the Secrets and patch the
+    webhook configurations; the serving pods only read the serving Secret (`serve --tls-read-only`), so a
+    compromised serving pod can neither rewrite the webhooks' rules nor create Secrets.
 
-    `sync()` keeps a usable pair in the Secret and its CA in every caBundle. A new CA never reaches a pod before
-    the API server trusts it: the bundle is first widened to the new CA beside the ones it trusts, and the Secret
-    is written SETTLE_SECONDS later; the pods read it within their refresh (serve's REFRESH_SECONDS), and a CA
-    other than the Secret's leaves the bundle TRUST_REPLACED_CA_SECONDS after this controller first saw it there.
+    The CA (certificate and key) is kept in a Secret of its own, `ca_secret`, which only this controller reads;
+    the serving Secret holds the serving pair and the CA certificate. An install from before that split has the
+    CA's key in the serving Secret: it is moved to the CA Secret, and the serving Secret rewritten without it.
+    Deleting the CA Secret rotates everything: a new CA, and a new serving pair under it.
+
+    `sync()` keeps a usable pair in the serving Secret and its CA in every caBundle. A new CA never reaches a pod
+    before the API server trusts it: the bundle is first widened to the new CA beside the ones it trusts, and the
+    Secret is written SETTLE_SECONDS later; the pods read it within their refresh (serve's REFRESH_SECONDS), and a
+    CA other than the Secret's leaves the bundle TRUST_REPLACED_CA_SECONDS after this controller first saw it there.
     """
 
     def __init__(self, api_client, namespace: str, secret: str, names: list[str], configuration: str,
-                 clock=time.monotonic, sleep=time.sleep):
+                 ca_secret: str, clock=time.monotonic, sleep=time.sleep):
         self.api, self.namespace, self.secret, self.names = api_client, namespace, secret, names
-        self.configuration, self.clock, self.sleep = configuration, clock, sleep
+        self.configuration, self.ca_secret, self.clock, self.sleep = configuration, ca_secret, clock, sleep
         self.other_since: dict[bytes, float] = {}  # a trusted CA that is not the Secret's: when first seen
 
-    def sync(self) -> bool:
-        """True when the Secret was (re)written."""
+    def _write(self, name: str, secret, files: dict[str, bytes]) -> bool:
+        """Create or replace (with its resourceVersion) the Secret `name`; False when another writer came first."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
+        encoded = {k: base64.b64encode(v).decode() for k, v in files.items()}
+        core = client.CoreV1Api(self.api)
+        try:
+            if secret is None:
+                core.create_namespaced_secret(self.namespace, client.V1Secret(
+                    metadata=client.V1ObjectMeta(name=name, namespace=self.namespace), type="Opaque", data=encoded))
+            else:
+                secret.data = encoded
+                core.replace_namespaced_secret(name, self.namespace, secret)  # carries resourceVersion
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return False  # written meanwhile (a second controller during a rollout): read again next time
+        return True
+
+    def sync(self) -> bool:
+        """True when the serving Secret was (re)written."""
+        ca_secret, ca_files = read_secret(self.api, self.namespace, self.ca_secret)
         secret, files = read_secret(self.api, self.namespace, self.secret)
+        ca = issuing_ca(ca_files) or issuing_ca(files)  # the CA Secret's, else one from before the split
+        if ca is None:
+            ca_key, ca_cert = make_ca()
+            ca = {"ca.crt": pem_cert(ca_cert), "ca.key": pem_key(ca_key)}
+        if ca != ca_files:
+            if not self._write(self.ca_secret, ca_secret, ca):
+                return False
+            log.info("kept the CA in Secret %s/%s", self.namespace, self.ca_secret)
         trusted = trusted_cas(self.api, self.configuration)
         written = False
-        if not usable(files, self.names):
-            fresh = new_files(files, self.names)
+        fresh = serving_files(files, ca, self.names)
+        if fresh != files:
             if fresh["ca.crt"] not in trusted:
                 inject_ca_bundle(self.api, self.configuration, fresh["ca.crt"] + b"".join(trusted))
                 self.sleep(SETTLE_SECONDS)
                 trusted = [fresh["ca.crt"], *trusted]
-            encoded = {k: base64.b64encode(v).decode() for k, v in fresh.items()}
-            core = client.CoreV1Api(self.api)
-            try:
-                if secret is None:
-                    core.create_namespaced_secret(self.namespace, client.V1Secret(
-                        metadata=client.V1ObjectMeta(name=self.secret, namespace=self.namespace), type="Opaque",
-                        data=encoded))
-                else:
-                    secret.data = encoded
-                    core.replace_namespaced_secret(self.secret, self.namespace, secret)  # carries resourceVersion
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-                return False  # written meanwhile (a second controller during a rollout): read again next time
+            if not self._write(self.secret, secret, fresh):
+                return False
             files, written = fresh, True
             log.info("issued a serving pair into Secret %s/%s", self.namespace, self.secret)
-        ca, now = files["ca.crt"], self.clock()
-        self.other_since = {c: self.other_since.get(c, now) for c in trusted if c != ca}
+        ca_pem, now = files["ca.crt"], self.clock()
+        self.other_since = {c: self.other_since.get(c, now) for c in trusted if c != ca_pem}
         kept = [c for c, since in self.other_since.items() if now - since < TRUST_REPLACED_CA_SECONDS]
-        inject_ca_bundle(self.api, self.configuration, ca + b"".join(kept))
+        inject_ca_bundle(self.api, self.configuration, ca_pem + b"".join(kept))
         return written
 
 
@@ -259,7 +308,7 @@ class SelfManaged:
         deadline = self.clock() + READ_ONLY_WAIT_SECONDS
         while True:
             _, files = read_secret(self.api, self.namespace, self.secret)
-            if all(files.get(f) for f in ("ca.crt", "tls.crt", "tls.key")):
+            if all(files.get(f) for f in SERVING_FILES):
                 return write_served(self.cert_dir, files)
             if (self.cert_dir / "tls.crt").exists():
                 return False

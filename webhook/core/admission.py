@@ -70,7 +70,8 @@ class Stage(Enum):
     DELETING = "deleting"  # UPDATE of a job being deleted: never refused nor mutated
 
 
-# The settings a replica switched away from stay acceptable on CREATE this long (SPEC 2.1).
+# The settings a replica switched away from stay acceptable on CREATE this long by default (SPEC 2.1); it is
+# also how long a digest switched away from can still be admitted (serve --previous-settings-grace).
 PREVIOUS_SETTINGS_GRACE = 600.0
 
 
@@ -410,8 +411,9 @@ class Admission:
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  enforcement: Enforcement = Enforcement.ENFORCE,
                  refresh: Callable[[], Settings | None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, grace: float = PREVIOUS_SETTINGS_GRACE):
         self.runtimes = runtimes
+        self.grace = grace  # serve --previous-settings-grace; 0: a digest switched away from is refused at once
         self.clock = patch.Clock(clock)
         self.enforcement = Enforcement(enforcement)
         self.refresh = refresh
@@ -423,12 +425,12 @@ class Admission:
         return self._live.settings
 
     def switch(self, settings: Settings) -> bool:
-        """Decide with `settings` from now on; the ones replaced stay acceptable on CREATE for
-        PREVIOUS_SETTINGS_GRACE seconds. False when they are the settings already in use."""
+        """Decide with `settings` from now on; the ones replaced stay acceptable on CREATE for `grace`
+        seconds (none with 0). False when they are the settings already in use."""
         live = self._live
         if settings == live.settings:
             return False
-        self._live = _Live(settings, live.settings, self.monotonic() + PREVIOUS_SETTINGS_GRACE)
+        self._live = _Live(settings, live.settings if self.grace > 0 else None, self.monotonic() + self.grace)
         return True
 
     # ---- per-runtime facts, worked out once per runtime and settings, and kept with it ----

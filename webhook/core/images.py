@@ -18,7 +18,8 @@ DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
 # One pattern for the parser and for the published JSON Schema, so both accept the same references.
 PINNED_PATTERN = rf"^{_NAME}@{DIGEST_PATTERN}$"
 _PINNED = re.compile(PINNED_PATTERN)
-_NAME_RE = re.compile(rf"^{_NAME}$")
+REPOSITORY_PATTERN = rf"^{_NAME}$"  # a repository: the NAME alone (the chart's publish.repositories)
+_NAME_RE = re.compile(REPOSITORY_PATTERN)
 _TAGGED_NAME = re.compile(rf"^{_NAME}:[\w][\w.-]{{0,127}}$")
 
 
@@ -41,3 +42,22 @@ def pinned_problem(ref: str) -> str | None:
     if len(hexdigits) != 64:
         return f"sha256 digest must have exactly 64 hex digits, not {len(hexdigits)}"
     return "sha256 digest must be 64 lower-case hex digits (0-9, a-f)"
+
+
+def repository(ref: str) -> str:
+    """The repository of an image reference: its NAME, without the digest (and without a tag, were there one)."""
+    name = ref.partition("@")[0]
+    if _TAGGED_NAME.fullmatch(name):
+        name = name.rpartition(":")[0]
+    return name
+
+
+def repository_problem(name: str) -> str | None:
+    """None when `name` is a repository (an image NAME with no tag and no digest); otherwise what is wrong."""
+    if "@" in name:
+        return "carries a digest: name the repository only (the digest is what the settings move)"
+    if _TAGGED_NAME.fullmatch(name):
+        return "carries a tag: name the repository only"
+    if not _NAME_RE.fullmatch(name):
+        return "is not an image repository name"
+    return None

@@ -47,6 +47,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The certificate controller's ServiceAccount: one of its own, never the webhook's nor the namespace's default
+(it may create Secrets and patch the webhook configurations; every pod running as that account would inherit it). */}}
+{{- define "dispatch-admission.certificatesServiceAccountName" -}}
+{{- $sa := .Values.certificates.controller.serviceAccount -}}
+{{- $name := "" -}}
+{{- if $sa.create -}}
+{{- $name = default (printf "%s-certs" (include "dispatch-admission.fullname" .)) $sa.name -}}
+{{- else -}}
+{{- $name = required "certificates.controller.serviceAccount.name is required when certificates.controller.serviceAccount.create is false: an existing ServiceAccount of the certificate controller's own" $sa.name -}}
+{{- end -}}
+{{- if eq $name (include "dispatch-admission.serviceAccountName" .) -}}
+{{- fail (printf "the certificate controller and the webhook would both run as ServiceAccount %s: give the controller its own (certificates.controller.serviceAccount), or the serving pods get its rights to write Secrets and patch the webhook configurations" $name) -}}
+{{- end -}}
+{{- if eq $name "default" -}}
+{{- fail "certificates.controller.serviceAccount.name must not be default: every pod of the namespace runs as it and would get the controller's rights to write Secrets and patch the webhook configurations" -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The Secret holding the self-managed CA's certificate and key: read by the certificate controller only. */}}
+{{- define "dispatch-admission.caSecretName" -}}
+{{- printf "%s-ca" (include "dispatch-admission.fullname" .) -}}
+{{- end -}}
+
 {{- define "dispatch-admission.secretName" -}}
 {{- default (printf "%s-tls" (include "dispatch-admission.fullname" .)) .Values.certificates.secretName -}}
 {{- end -}}
@@ -80,6 +104,22 @@ whose pods never start, refusing every TrainJob in the cluster. */}}
 {{- $_ := set $s "credentials" .Values.credentials -}}
 {{- end -}}
 {{- toPrettyJson $s -}}
+{{- end -}}
+
+{{/* The repositories the settings may name for the publish image (serve --publish-repositories), comma-separated:
+publish.repositories, else the repository of publish.image (none without one). */}}
+{{- define "dispatch-admission.publishRepositories" -}}
+{{- $repos := .Values.publish.repositories -}}
+{{- $own := "" -}}
+{{- if .Values.publish.image -}}
+{{- $own = first (splitList "@" .Values.publish.image) -}}
+{{- end -}}
+{{- if not $repos -}}
+{{- $repos = compact (list $own) -}}
+{{- else if and $own (not (has $own $repos)) -}}
+{{- fail (printf "publish.image's repository %s is not in publish.repositories (%s): the webhook would refuse its own settings" $own (join ", " $repos)) -}}
+{{- end -}}
+{{- join "," $repos -}}
 {{- end -}}
 
 {{/* Where the API server's client-certificate CA is mounted, when one is configured. */}}
@@ -138,10 +178,12 @@ rules:
     scope: "*"
 {{ include "dispatch-admission.namespaceSelector" $root }}
 # An update of a TrainJob being deleted (its finalizers removed) is never sent: the webhook would allow it
-# anyway, and so it goes through while no replica answers.
+# anyway, and so it goes through while no replica answers. Judged on the stored object (oldObject) and on
+# UPDATE only: a CREATE may carry a deletionTimestamp of its own (an API server that clears it only in
+# BeforeCreate, after mutating admission, would show it to the condition), and must never skip the webhooks.
 matchConditions:
   - name: not-being-deleted
-    expression: "!has(object.metadata.deletionTimestamp)"
+    expression: "request.operation != 'UPDATE' || !has(oldObject.metadata.deletionTimestamp)"
 {{- with $root.Values.webhook.objectSelector }}
 objectSelector:
   {{- toYaml . | nindent 2 }}
