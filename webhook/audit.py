@@ -8,6 +8,10 @@ goes to stderr when it is a terminal.
 Then the credentials' Secrets the TrainJobs mount: one list of Secrets per Secret name (a field selector on
 the name, metadata only: never their data), and a `secret-missing` finding per namespace lacking one. Without
 the right to list Secrets, audit says so on stderr and judges the rest.
+
+With `--report`, the findings are also written as OpenReports (`core.reports`): a `Report` named
+`dispatch-admission` in each namespace holding TrainJobs or TrainingRuntimes, a `ClusterReport` of that name for
+the ClusterTrainingRuntimes; a re-run replaces them, and removes its reports of namespaces that hold nothing now.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 from collections import Counter
 from typing import IO, Iterator
 
+from .core import reports
 from .core.admission import Admission
 from .core.audit import CredentialSecrets, Finding, Verdict, judge_runtime, judge_trainjob
 from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
@@ -84,8 +89,87 @@ class Report:
         return EXIT_OK if self.counts[Verdict.OK.value] == sum(self.counts.values()) else EXIT_FINDINGS
 
 
+class OpenReports:
+    """The findings as OpenReports: one ReportBuilder per namespace (and one for the cluster), each bounded,
+    written when the audit ends (`write`)."""
+
+    def __init__(self, connection, namespace: str | None):
+        from kubernetes import client
+
+        self.api = client.CustomObjectsApi(connection)
+        self.scope = namespace  # with --namespace, reports of other namespaces are left as they are
+        self.builders: dict[str, reports.ReportBuilder] = {}
+
+    def add(self, finding: Finding, uid: str = "") -> None:
+        where = reports.report_namespace(finding)
+        builder = self.builders.get(where)
+        if builder is None:
+            builder = self.builders[where] = reports.ReportBuilder(where)
+        builder.add(finding, uid)
+
+    def write(self) -> list[str]:
+        """Create or replace each report, then delete ours that this audit did not write; the names written."""
+        written = [self._upsert(b.document()) for _, b in sorted(self.builders.items())]
+        for namespace, name in self._ours():
+            where = f"{namespace}/{name}" if namespace else name
+            if where not in written and (self.scope is None or namespace == self.scope):
+                self._call("delete", namespace, name)
+        return written
+
+    def _upsert(self, doc: dict) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
+        try:
+            self._call("create", namespace, name, doc)
+        except ApiException as e:
+            if e.status != 409:
+                raise self._unwritable(e) from None
+            current = self._call("get", namespace, name)
+            doc["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            self._call("replace", namespace, name, doc)
+        return f"{namespace}/{name}" if namespace else name
+
+    def _ours(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every report this tool wrote, by its label."""
+        from kubernetes.client.exceptions import ApiException
+
+        selector = ",".join(f"{k}={v}" for k, v in reports.MANAGED_BY.items())
+        found = []
+        for plural in ("reports", "clusterreports"):
+            try:
+                got = self.api.list_cluster_custom_object(reports.GROUP_REPORTS, reports.VERSION_REPORTS, plural,
+                                                          label_selector=selector, _request_timeout=(5, 60))
+            except ApiException as e:
+                raise self._unwritable(e) from None
+            found += [((i["metadata"].get("namespace") or ""), i["metadata"]["name"]) for i in got.get("items") or []]
+        return found
+
+    def _call(self, verb: str, namespace: str, name: str, body: dict | None = None):
+        from kubernetes.client.exceptions import ApiException
+
+        cluster = not namespace
+        method = getattr(self.api, f"{verb}_{'cluster' if cluster else 'namespaced'}_custom_object")
+        args = [reports.GROUP_REPORTS, reports.VERSION_REPORTS, *([] if cluster else [namespace]),
+                "clusterreports" if cluster else "reports", *([] if verb == "create" else [name]),
+                *([] if body is None else [body])]
+        try:
+            return method(*args, _request_timeout=(5, 60))
+        except ApiException as e:
+            if verb == "create" and e.status == 409:
+                raise
+            raise self._unwritable(e) from None
+
+    @staticmethod
+    def _unwritable(e) -> "ClusterUnreadable":
+        if e.status == 404:
+            return ClusterUnreadable("the OpenReports CRDs are not installed (reports.openreports.io and"
+                                     " clusterreports.openreports.io, v1alpha1): see docs/rollout.md#reports")
+        return ClusterUnreadable(f"write OpenReports: {e.status} {e.reason}")
+
+
 def run(settings: Settings, kubeconfig: str | None, namespace: str | None, output: str, limit: int,
-        out: IO[str], err: IO[str]) -> int:
+        out: IO[str], err: IO[str], report: bool = False) -> int:
     from kubernetes import client
 
     from .cluster import api_client
@@ -98,16 +182,23 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
     runtimes = [r for kind in KINDS for items, _ in pages(api, kind, namespace, limit)
                 for r in items]
     admission = Admission(settings, RuntimeIndex(runtimes))
-    report = Report(output, out)
+    printed = Report(output, out)
+    written = OpenReports(connection, namespace) if report else None
+
+    def add(finding: Finding, obj: dict | None = None) -> None:
+        printed.add(finding)
+        if written is not None:
+            written.add(finding, str(((obj or {}).get("metadata") or {}).get("uid") or ""))
+
     for rt in runtimes:
-        report.add(judge_runtime(admission, rt))
+        add(judge_runtime(admission, rt), rt)
     mounted = CredentialSecrets(settings.manager)
     with _progress(err) as bar:
         for items, remaining in pages(api, TRAINJOB_KIND, namespace, limit):
             if remaining is not None:
                 bar.total = bar.n + len(items) + remaining
             for job in items:
-                report.add(judge_trainjob(admission, job))
+                add(judge_trainjob(admission, job), job)
                 mounted.add(job)
             bar.update(len(items))
     try:
@@ -117,8 +208,12 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
                   " metadata is read)\n")
     else:
         for finding in mounted.missing(present):
-            report.add(finding)
-    return report.close()
+            add(finding)
+    code = printed.close()
+    if written is not None:
+        names = written.write()
+        err.write(f"audit: wrote {len(names)} OpenReports: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}\n")
+    return code
 
 
 def existing_secrets(core_api, wanted: dict[str, set[str]], namespace: str | None,

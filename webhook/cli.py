@@ -147,9 +147,11 @@ def cmd_audit(args) -> int:
 
     s = _settings(args.settings)
     try:
-        return audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr)
+        code = audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr,
+                         report=args.report)
     except audit.ClusterUnreadable as e:
         raise Unusable(f"cannot read the cluster: {e}") from None
+    return EXIT_OK if args.exit_zero and code == 1 else code
 
 
 def cmd_verify(args) -> int:
@@ -399,12 +401,20 @@ def parser() -> argparse.ArgumentParser:
     ss = stsub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the settings")
     ss.set_defaults(func=cmd_settings_schema)
 
-    a = sub.add_parser("audit", help="judge the cluster's runtimes and TrainJobs with the webhook's rules (read only)")
+    a = sub.add_parser("audit", help="judge the cluster's runtimes and TrainJobs with the webhook's rules (read only,"
+                                     " but for the OpenReports --report writes)")
     a.add_argument("--settings", required=True)
     a.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
     a.add_argument("--namespace", help="only TrainingRuntimes and TrainJobs of this namespace")
     a.add_argument("--output", choices=["table", "json"], default="table")
     a.add_argument("--page-size", type=int, default=500, help="objects per list call (limit/continue)")
+    a.add_argument("--report", action="store_true",
+                   help="also write the findings as OpenReports (openreports.io/v1alpha1): a Report per namespace, a"
+                        " ClusterReport for the ClusterTrainingRuntimes, replaced at each run (their CRDs must be"
+                        " installed)")
+    a.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 when objects are not ok (a scheduled run: its findings are in the reports); 2 still"
+                        " means the settings or the cluster were unusable")
     a.set_defaults(func=cmd_audit)
 
     v = sub.add_parser("verify", help="prove the publish route on a live cluster: run probe TrainJobs through the"

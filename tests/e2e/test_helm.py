@@ -277,6 +277,7 @@ CONTEXTS = {
     "podDisruptionBudget.minAvailable": {"replicaCount": 3},
     "podAntiAffinity": {},
     "tests.verify.": {"tests": {"verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}},
+    "audit.": {"audit": {"enabled": True}},
 }
 PEER = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 CHANGES = {
@@ -330,6 +331,10 @@ CHANGES = {
     "resources.requests.cpu": "200m",
     "resources.requests.memory": "64Mi",
     "resources.limits.memory": "1Gi",
+    "audit.schedule": "5 * * * *",
+    "audit.resources.requests.cpu": "20m",
+    "audit.resources.requests.memory": "80Mi",
+    "audit.resources.limits.memory": "512Mi",
     "runtimeKeeper.resources.requests.cpu": "20m",
     "runtimeKeeper.resources.requests.memory": "80Mi",
     "runtimeKeeper.resources.requests.ephemeral-storage": "32Mi",
@@ -1130,3 +1135,26 @@ def test_the_runtime_keeper_is_a_native_sidecar_sharing_the_store(helm, tmp_path
 
     assert mib(size_limit) > MAP_SIZE >> 20 and mib(limits["ephemeral-storage"]) > mib(size_limit), \
         "the store's bound is below the volume's limit and the container's: the store cannot get the pod evicted"
+
+
+def test_the_audit_cronjob_writes_openreports_with_rights_to_nothing_else(helm, tmp_path):
+    """Issue 37: `audit.enabled` renders a CronJob running `audit --report --exit-zero` on the settings ConfigMap,
+    as a ServiceAccount that may list runtimes and TrainJobs and write reports only (Secrets with checkSecrets)."""
+    assert not [k for k in rendered(helm, tmp_path, {}) if k[0] == "CronJob"], "off by default"
+    docs = rendered(helm, tmp_path, {"audit": {"enabled": True}})
+    job = docs[("CronJob", f"{FULL}-audit")]
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"] == ["audit", "--settings=/etc/dispatch-admission/settings/settings.json", "--report", "--exit-zero"]
+    assert pod["serviceAccountName"] == f"{FULL}-audit" and job["spec"]["concurrencyPolicy"] == "Forbid"
+    assert pod["volumes"] == [{"name": "settings", "configMap": {"name": f"{FULL}-settings"}}]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    rules = docs[("ClusterRole", f"{FULL}-audit")]["rules"]
+    assert rules == [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes", "trainingruntimes", "trainjobs"],
+         "verbs": ["list"]},
+        {"apiGroups": ["openreports.io"], "resources": ["reports", "clusterreports"],
+         "verbs": ["get", "list", "create", "update", "delete"]}]
+    secrets = rendered(helm, tmp_path, {"audit": {"enabled": True, "checkSecrets": True}})
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]} in secrets[("ClusterRole", f"{FULL}-audit")][
+        "rules"]

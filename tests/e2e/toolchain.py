@@ -28,6 +28,7 @@ JOBSET = "v0.12.0"
 BUILDKIT = "v0.34.2"
 SYFT = "v1.57.1"
 KUEUE = "v0.19.2"
+OPENREPORTS = "v0.2.1"  # github.com/openreports/reports-api: the Report and ClusterReport CRDs audit --report writes
 
 
 def cache_root() -> Path:
@@ -361,6 +362,12 @@ def trainer_crds() -> list[Path]:
     return sorted(crds.glob("trainer.kubeflow.org_*.yaml"))
 
 
+def openreports_crds() -> list[Path]:
+    """OpenReports' CRDs (openreports.io/v1alpha1 Report and ClusterReport), from their Go module."""
+    crds = module_dir("github.com/openreports/reports-api", OPENREPORTS) / "config" / "crd"
+    return sorted(crds.glob("openreports.io_*.yaml"))
+
+
 def trainer_module() -> Path:
     return module_dir("github.com/kubeflow/trainer/v2", TRAINER)
 
@@ -375,11 +382,12 @@ def kubernetes_bins() -> dict[str, Path]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
-                      "kyverno", "kueue", "syft"]
+                      "kyverno", "kueue", "syft", "openreports"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
-                "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin, "syft": syft_bin}
+                "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin, "syft": syft_bin,
+                "openreports": openreports_crds}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()
