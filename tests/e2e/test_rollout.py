@@ -46,8 +46,9 @@ def test_spec_8_1_no_node_container_refused_under_enforce_admitted_with_the_warn
     before = warn_hook.metric("dispatch_admission_would_deny_total", sentinel="ErrUnsupported", rule="R3")
     with webhooks_swapped(env.cluster, [env.route1, env.route2], [warn_hook, env.route2]):
         got = env.cluster.apply(job)
-    assert "Warning: would deny: ErrUnsupported: spec.runtimeRef: TrainingRuntime team-a/no-node: no replicated job" \
-        in got.stderr, got.stderr
+    # SPEC 6.4: what to change first, the runtime last
+    assert "Warning: would deny: ErrUnsupported: spec.runtimeRef: no replicated job has a container named 'node'" \
+        " (TrainingRuntime team-a/n" in got.stderr, got.stderr
     stored = env.cluster.get("trainjob", "rollout-no-node", NS)
     assert not any(e["manager"] == MANAGER for e in stored["spec"].get("runtimePatches", [])), "warn adds no entry there"
     assert warn_hook.metric("dispatch_admission_would_deny_total", sentinel="ErrUnsupported", rule="R3") == before + 1

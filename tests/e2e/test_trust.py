@@ -62,8 +62,9 @@ class Release:
                          and d["metadata"]["name"] == FULL]
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[0] == "serve"
+        # The pod's runtime-keeper sidecar is not here: serve starts its own keeper beside it (process).
         local = {"--metrics-bind": f"127.0.0.1:{self.metrics_port}", "--workers": "1",
-                 "--runtime-store": str(self.tmp / f"store-{self.starts}")}
+                 "--runtime-store": str(self.tmp / f"store-{self.starts}"), "--runtime-keeper": "process"}
         out = []
         for a in args[1:]:
             flag, _, _ = a.partition("=")
