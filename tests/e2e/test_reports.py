@@ -57,15 +57,18 @@ def test_audit_writes_a_report_per_namespace_and_a_cluster_report(reports_env):
     table = c.kubectl("get", "reports", "-A").stdout
     print("\n$ kubectl get reports -A\n" + table)
     lines = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
-    assert lines[NS][1:5] == ["dispatch-admission", "1", "2", "1"], table  # NAME PASS FAIL WARN
+    # PASS: passes; FAIL: reserved-env (S3), no-runtime (R2), and the namespace (passes mounts a credential's
+    # Secret that is not there: secret-missing); WARN: no-entry
+    assert lines[NS][1:5] == ["dispatch-admission", "1", "3", "1"], table  # NAME PASS FAIL WARN
     report = reports_of(c)[(NS, "dispatch-admission")]
-    assert report["summary"] == {"pass": 1, "fail": 2, "warn": 1, "error": 0, "skip": 0}
+    assert report["summary"] == {"pass": 1, "fail": 3, "warn": 1, "error": 0, "skip": 0}
     by = {(r["resources"][0]["name"], r["rule"]): r for r in report["results"]}
     assert by[("passes", "all")]["result"] == "pass" and by[("passes", "all")]["resources"][0]["uid"]
     assert by[("reserved-env", "S3")]["category"] == "ErrInvalid"
     assert by[("reserved-env", "S3")]["message"].startswith("spec.trainer.env[0].name: 'DISPATCH_X'")
     assert by[("no-runtime", "R2")]["category"] == "ErrNotFound"
     assert by[("no-entry", "no-entry")]["result"] == "warn"
+    assert by[(NS, "secret-missing")]["resources"][0]["kind"] == "Namespace"
     clusters = json.loads(c.kubectl("get", "clusterreports", "-o", "json").stdout)["items"]
     [cluster] = [r for r in clusters if r["metadata"]["name"] == "dispatch-admission"]
     failed = {r["resources"][0]["name"]: r for r in cluster["results"] if r["result"] == "fail"}
@@ -84,7 +87,7 @@ def test_a_rerun_replaces_the_reports_and_drops_those_of_emptied_namespaces(repo
     second = reports_of(c)
     assert [k for k in second if k[0] == NS] == [(NS, "dispatch-admission")], "replaced, never a second report"
     assert second[(NS, "dispatch-admission")]["metadata"]["uid"] == first[(NS, "dispatch-admission")]["metadata"]["uid"]
-    assert second[(NS, "dispatch-admission")]["summary"]["fail"] == 1
+    assert second[(NS, "dispatch-admission")]["summary"]["fail"] == 2  # R2 and secret-missing
     assert (EMPTIED, "dispatch-admission") not in second, "a namespace holding nothing any more loses its report"
 
 
