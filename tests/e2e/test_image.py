@@ -30,7 +30,7 @@ COMPILERS = {"gcc", "cc", "c++", "g++", "cpp", "cc1", "cc1plus", "collect2", "cl
              "ld.bfd", "ld.gold", "as", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-as", "x86_64-linux-gnu-ld"}
 PACKAGE_MANAGERS = {"apt", "apt-get", "apt-cache", "apt-mark", "apt-key", "aptitude", "dpkg", "dpkg-deb", "dpkg-query",
                     "dpkg-divert", "pip", "pip3", "pip3.13", "easy_install", "uv", "conda", "poetry", "pipx"}
-INSTALLER_MODULES = {"pip", "setuptools", "ensurepip", "wheel", "pkg_resources", "_distutils_hack"}
+INSTALLER_MODULES = {"pip", "setuptools", "ensurepip", "wheel", "installer", "pkg_resources", "_distutils_hack"}
 # Shells, and the commands of coreutils and of the other Essential packages a shell session would use.
 SHELLS = {"sh", "bash", "dash", "rbash", "zsh", "ksh", "mksh", "busybox", "toybox"}
 COREUTILS = {"ls", "cat", "cp", "mv", "rm", "ln", "mkdir", "chmod", "chown", "touch", "echo", "env", "id", "head",
