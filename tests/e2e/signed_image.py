@@ -103,7 +103,10 @@ def image_sbom(ref: str, platform: str) -> dict:
 REGISTRY_FLAGS = ("--allow-insecure-registry", "--allow-http-registry")
 # Signing with a key, kept in the registry only: no Rekor entry, no timestamp authority, no signing config
 # fetched from the public Sigstore instance (there is none to reach here, and a test key is nobody's business).
-SIGN_FLAGS = ("--use-signing-config=false", "--tlog-upload=false", "--yes")
+# The signatures in cosign's classic layout (a `sha256-DIGEST.sig` / `.att` tag beside the image), not v3's
+# Sigstore bundle referrers: Kyverno 1.15's `verifyImages` (cosign v2 libraries) finds a key's signature only
+# there, its bundle type being keyless-only; cosign v3's verify reads both.
+SIGN_FLAGS = ("--use-signing-config=false", "--tlog-upload=false", "--new-bundle-format=false", "--yes")
 # Verifying with the public key alone (the signature's existence in a transparency log is not asked for).
 VERIFY_FLAGS = ("--insecure-ignore-tlog=true",)
 

@@ -96,14 +96,15 @@ def in_image_path(built: Built, names: set[str]) -> list[str]:
 
 
 def expected_distributions() -> dict[str, str]:
-    """What the venv must hold: every distribution of the lock (less the build backend and pip, removed in
-    the build stage) and the package itself, canonical name -> version."""
+    """What the venv must hold: every distribution of the lock (less the build-only ones: the build backend
+    and PyPA's installer, which the build stage keeps out of the venv) and the package itself, canonical
+    name -> version."""
     lock = {}
     for line in re.sub(r"\\\n", " ", (ROOT / "requirements" / "image.lock").read_text()).splitlines():
         m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", line)
         if m:
             lock[canonicalize_name(m.group(1))] = m.group(2)
-    build_only = {"pip", "setuptools", "wheel"}
+    build_only = {"pip", "setuptools", "wheel", "installer"}
     expected = {n: v for n, v in lock.items() if n not in build_only}
     expected["dispatch-admission"] = PYPROJECT["project"]["version"]
     return expected

@@ -264,5 +264,5 @@ def test_an_unsigned_image_or_another_key_fails_verification(signed):
     other = signed_image.Cosign.with_new_key(signed.tmp / "other-key")
     got = signed.cosign.verify(signed.built.ref, key=other.public_key)
     assert got.returncode != 0, got.stdout
-    assert "no matching signatures" in got.stderr or "invalid signature" in got.stderr, got.stderr
+    assert "no matching signatures" in got.stderr, got.stderr
 
