@@ -71,7 +71,7 @@ RUN --mount=type=secret,id=pipcert,required=false \
     for minor in $(seq "$glibc" -1 17); do tags="$tags --platform manylinux_2_${minor}_$machine"; done; \
     tags="$tags --platform manylinux2014_$machine --platform linux_$machine"; \
     echo "$tags" > /tmp/target-tags; \
-    /tmp/tools/bin/pip download --quiet --require-hashes --only-binary=:all: $tags -r /tmp/image.lock -d /tmp/wheels
+    /tmp/tools/bin/pip download --require-hashes --only-binary=:all: $tags -r /tmp/image.lock -d /tmp/wheels
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook

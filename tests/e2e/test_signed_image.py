@@ -6,6 +6,7 @@ verify` with the public key), tampered with, and the arm64 image run under qemu-
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import subprocess
@@ -19,13 +20,16 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from tests.e2e import image as image_mod
-from tests.e2e import signed_image
+from tests.e2e import kyverno, signed_image
+from tests.e2e.conftest import _LOGS, start_cluster
 from tests.e2e.registry import FileEntry, Registry, write_layer
 from tests.e2e.test_image import dpkg_records, expected_distributions, sbom_packages
-from tests.helpers import EXAMPLES, NOW_TEXT, review
+from tests.helpers import EXAMPLES, NOW_TEXT, ROOT, review
 
 ELF_MACHINES = {62: "x86-64", 183: "aarch64", 3: "i386", 40: "arm"}  # ELF e_machine values
 EXAMPLES_IN_IMAGE = "/examples"
+POLICY_SECTION = "### Enforcing it: a Kyverno `verifyImages` policy"  # in docs/install.md
+POLICY_NAMESPACE = "dispatch-system"  # the webhook's namespace, as the docs' policy names it
 
 
 @dataclass
@@ -266,3 +270,69 @@ def test_an_unsigned_image_or_another_key_fails_verification(signed):
     assert got.returncode != 0, got.stdout
     assert "no matching signatures" in got.stderr, got.stderr
 
+
+
+# ---- enforcing it: the docs' Kyverno policy ----
+
+def docs_policy(host: str, public_key: Path) -> dict:
+    """The verifyImages ClusterPolicy docs/install.md shows, with this registry and the test's public key in
+    place of its two placeholders."""
+    section = (ROOT / "docs" / "install.md").read_text().split(POLICY_SECTION, 1)[1]
+    policy = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    verify = policy["spec"]["rules"][0]["verifyImages"][0]
+    assert verify["imageReferences"] == ["REGISTRY/dispatch-admission*"]
+    verify["imageReferences"] = [f"{host}/{image_mod.REPO}*"]
+    keys = verify["attestors"][0]["entries"][0]["keys"]
+    assert "(the contents of cosign.pub)" in keys["publicKeys"]
+    keys["publicKeys"] = public_key.read_text().strip()
+    return policy
+
+
+@pytest.fixture(scope="module")
+def enforced(signed, tmp_path_factory):
+    """An API server with Kyverno's admission controller (out of cluster, tests/e2e/kyverno.py) enforcing the
+    docs' policy on the webhook's namespace."""
+    tmp = tmp_path_factory.mktemp("verify-images")
+    with contextlib.ExitStack() as stack:
+        cluster = start_cluster(stack, tmp, [], suffix=" (verifyImages)")
+        kyverno.install(cluster)
+        cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": POLICY_NAMESPACE, "labels": {kyverno.ENGINE_LABEL: "kyverno"}}})
+        # No controller manager runs to make the namespace's default ServiceAccount, which a pod needs.
+        cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "default", "namespace": POLICY_NAMESPACE}})
+        policy = docs_policy(signed.registry.host, signed.cosign.public_key)
+        kyv = stack.enter_context(kyverno.running(cluster, tmp, policies=[policy], resource="pods"))
+        _LOGS["kyverno (verifyImages)"] = kyv.log
+        yield cluster
+
+
+def webhook_pod(name: str, image: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": POLICY_NAMESPACE},
+            "spec": {"containers": [{"name": "webhook", "image": image}]}}
+
+
+def test_kyverno_admits_the_signed_image_and_refuses_the_others(signed, enforced):
+    """The policy of docs/install.md, with the public key: a pod of the signed image by its tag is admitted
+    and pinned to the digest Kyverno verified; a pod of a changed copy of it (unsigned) or of an image
+    signed by another key is refused."""
+    host = signed.registry.host
+    got = enforced.apply(webhook_pod("signed", f"{host}/{image_mod.REPO}:{signed_image.TAG}"), check=False)
+    assert got.returncode == 0, got.stderr
+    image = enforced.get("pod", "signed", POLICY_NAMESPACE)["spec"]["containers"][0]["image"]
+    assert image.endswith("@" + digest(signed.built.ref)), image
+    print(f"kyverno admitted {signed_image.TAG}, pinned to {image}")
+
+    # Changed copies of the signed amd64 image in the same repository: one never signed, one signed by a key
+    # the policy does not hold.
+    amd64 = signed.built.images["linux/amd64"]
+    unsigned, by_other_key = f"{host}/{image_mod.REPO}:unsigned", f"{host}/{image_mod.REPO}:other-key"
+    signed.registry.crane_run("mutate", amd64, "--label", "changed=yes", "-t", unsigned)
+    signed.registry.crane_run("mutate", amd64, "--label", "signer=other", "-t", by_other_key)
+    signed_image.Cosign.with_new_key(signed.tmp / "kyverno-other-key").sign(signed.registry.digest_ref(by_other_key))
+    for name, ref in (("unsigned", unsigned), ("other-key", by_other_key)):
+        got = enforced.apply(webhook_pod(name, ref), check=False)
+        assert got.returncode != 0, f"{name}: admitted"
+        assert "dispatch-admission-signed" in got.stderr and "signed-by-the-project" in got.stderr, got.stderr
+        assert enforced.get("pod", name, POLICY_NAMESPACE) is None
+        print(f"kyverno refused {name}: {got.stderr.strip()[-300:]}")
