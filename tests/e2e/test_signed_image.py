@@ -44,27 +44,24 @@ class Signed:
 
 
 @pytest.fixture(scope="module")
-def signed(tmp_path_factory):
+def registry(tmp_path_factory):
+    reg = Registry.start(tmp_path_factory.mktemp("signed-registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def signed(registry, tmp_path_factory):
+    """The two-platform image built, pushed, signed with a new key, its SBOMs attested; the arm64 image's
+    file system exported."""
     tmp = tmp_path_factory.mktemp("signed")
-    registry = Registry.start(tmp / "registry")
-    try:
-        built = signed_image.build_multiarch_image(registry)
-        started = time.monotonic()
-        cosign = signed_image.Cosign.with_new_key(tmp / "cosign")
-        cosign.sign(built.ref, recursive=True)
-        sboms = {}
-        for platform, ref in built.images.items():
-            sboms[platform] = signed_image.image_sbom(ref, platform)
-            predicate = tmp / f"sbom-{platform.replace('/', '-')}.cdx.json"
-            predicate.write_text(json.dumps(sboms[platform]))
-            cosign.attest(ref, predicate)
-        image_mod.TIMINGS["sign, SBOMs (syft) and attest"] = time.monotonic() - started
-        arm64 = built.images["linux/arm64"]
-        rootfs = image_mod.export_rootfs(registry, arm64, tmp / "arm64-rootfs")
-        yield Signed(registry, built, cosign, sboms, rootfs, registry.config(arm64), tmp)
-    finally:
-        registry.stop()
-        shutil.rmtree(tmp / "arm64-rootfs", ignore_errors=True)
+    built = signed_image.build_multiarch_image(registry)
+    cosign = signed_image.Cosign.with_new_key(tmp / "cosign")
+    sboms = signed_image.sign_with_sboms(cosign, built, tmp)
+    arm64 = built.images["linux/arm64"]
+    rootfs = image_mod.export_rootfs(registry, arm64, tmp / "arm64-rootfs")
+    yield Signed(registry, built, cosign, sboms, rootfs, registry.config(arm64), tmp)
+    shutil.rmtree(rootfs, ignore_errors=True)
 
 
 def digest(ref: str) -> str:
