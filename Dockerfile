@@ -25,8 +25,13 @@ ARG RUNTIME_BASE=gcr.io/distroless/python3-debian13@sha256:e866e2f9fbaa19f63e579
 # The interpreter both bases share: the venv's `python` links to it.
 ARG PYTHON=/usr/bin/python3.13
 
-FROM ${BUILD_BASE} AS build
+# The build stage runs on the builder's own platform, whatever the target: for another one (linux/arm64 on an
+# amd64 builder, or the reverse) it fetches the target's wheels and installs them without running any of them,
+# so a multi-platform build needs no emulation:
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/dispatch-admission:0.1.0 --push .
+FROM --platform=$BUILDPLATFORM ${BUILD_BASE} AS build
 ARG PYTHON
+ARG TARGETARCH
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_TRUSTED_HOST
@@ -34,32 +39,59 @@ ARG PIP_TRUSTED_HOST
 ARG PIP_CERT=/run/secrets/pipcert
 ARG PIP_CONFIG_FILE=/run/secrets/pipconf
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
-# A virtual environment is the unit copied to the final stage, made by the interpreter the final stage has
-# at the same path (not /usr/bin/python3: a distroless base has only python3.13).
+# Two environments made by the interpreter the final stage has at the same path (not /usr/bin/python3: a
+# distroless base has only python3.13): /opt/venv, the unit copied to the final stage, with no pip in it, and
+# /tmp/tools, where pip and the build-only packages run. A venv is links to $PYTHON and a pyvenv.cfg: the same
+# on every platform of one Debian release.
 RUN set -eu; \
     if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then \
       apt-get update -qq; \
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv; \
       rm -rf /var/lib/apt/lists/*; \
     fi; \
-    "$PYTHON" -m venv /opt/venv
+    "$PYTHON" -m venv --without-pip /opt/venv; \
+    "$PYTHON" -m venv /tmp/tools
 COPY requirements/image.lock /tmp/image.lock
-# Every dependency (and the build backend) from the lock: exact versions, wheels only, hashes checked.
+# The target's wheels for every pin of the lock: exact versions, wheels only, hashes checked, for Debian 13's
+# CPython and C library on the target's CPU (glibc's version from the build base: the same release). pip's
+# target tags are kept in /tmp/target-tags for the resolution check below.
 RUN --mount=type=secret,id=pipcert,required=false \
     --mount=type=secret,id=pipconf,required=false \
     set -eu; \
     [ -s "$PIP_CERT" ] || unset PIP_CERT; \
     [ -s "$PIP_CONFIG_FILE" ] || unset PIP_CONFIG_FILE; \
-    /opt/venv/bin/pip install --no-compile --require-hashes --only-binary=:all: -r /tmp/image.lock
+    case "$TARGETARCH" in \
+      amd64) machine=x86_64 ;; \
+      arm64) machine=aarch64 ;; \
+      *) echo "TARGETARCH=$TARGETARCH: the image is built for linux/amd64 and linux/arm64" >&2; exit 1 ;; \
+    esac; \
+    py=$("$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])'); \
+    glibc=$("$PYTHON" -c 'import os; print(os.confstr("CS_GNU_LIBC_VERSION").split(".")[1])'); \
+    tags="--python-version $py --implementation cp --abi cp$py --abi abi3 --abi none"; \
+    for minor in $(seq "$glibc" -1 17); do tags="$tags --platform manylinux_2_${minor}_$machine"; done; \
+    tags="$tags --platform manylinux2014_$machine --platform linux_$machine"; \
+    echo "$tags" > /tmp/target-tags; \
+    /tmp/tools/bin/pip download --require-hashes --only-binary=:all: $tags -r /tmp/image.lock -d /tmp/wheels
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook
-# The package itself (no index, no new dependency), a consistency check, then the installers go.
-# Bytecode is compiled once, in one process, hash-based: the same bytes on every build.
+# The locked build backend and PyPA's installer (pure Python) into /tmp/tools; the package built as a wheel
+# (no index, no new dependency); a consistency check: the package resolved for the target from these wheels
+# alone; then every wheel but the build-only ones installed into /opt/venv by `installer`, as pip would
+# install them, but without pip's check that a wheel fits the machine that runs the build.
+# Bytecode is compiled once, in one process, hash-based: the same bytes on every build, and on every platform.
 RUN set -eu; \
-    /opt/venv/bin/pip install --no-compile --no-index --no-deps --no-build-isolation . ; \
-    /opt/venv/bin/pip check; \
-    /opt/venv/bin/pip uninstall -y -q pip setuptools wheel; \
+    /tmp/tools/bin/pip install --quiet --no-index --no-deps \
+      /tmp/wheels/setuptools-*.whl /tmp/wheels/wheel-*.whl /tmp/wheels/installer-*.whl; \
+    /tmp/tools/bin/pip wheel --quiet --no-index --no-deps --no-build-isolation --wheel-dir /tmp/wheels . ; \
+    /tmp/tools/bin/pip install --quiet --dry-run --ignore-installed --no-index --find-links /tmp/wheels \
+      --only-binary=:all: $(cat /tmp/target-tags) dispatch-admission; \
+    set --; \
+    for wheel in /tmp/wheels/*.whl; do \
+      case "${wheel##*/}" in setuptools-*|wheel-*|installer-*) ;; *) set -- "$@" "$wheel" ;; esac; \
+    done; \
+    PYTHONPATH=$(/tmp/tools/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+      /opt/venv/bin/python -m installer --no-compile-bytecode --validate-record=all "$@"; \
     /opt/venv/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/venv/lib
 
 # The final stage runs nothing (the base has no shell to run it with): the venv is copied in, nothing else.

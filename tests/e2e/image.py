@@ -131,7 +131,7 @@ def suite_sources(dest: Path) -> list[Path]:
     return out
 
 
-def base_recipe(variant: str, packages: tuple[str, ...]) -> dict:
+def base_recipe(variant: str, packages: tuple[str, ...], arch: str = "amd64") -> dict:
     version = _run([_mmdebstrap(), "--version"]).stdout.strip()
     recipe = {
         "mmdebstrap": version, "suite": BASE_SUITE, "packages": list(packages), "variant": variant,
@@ -139,6 +139,8 @@ def base_recipe(variant: str, packages: tuple[str, ...]) -> dict:
         "sources": {str(p): p.read_text() for p in host_apt_sources()},
         "aptopts": {str(p): p.read_text() for p in host_apt_options()},
     }
+    if arch != "amd64":  # Debian's name for the CPU (arm64); amd64's recipes keep the keys they were cached by
+        recipe["architecture"] = arch
     if variant == "extract":
         # finish_runtime_base's rules; "finish" is bumped when its code changes what it writes.
         recipe.update(left_out=list(RUNTIME_BASE_LEFT_OUT), commands=list(RUNTIME_BASE_COMMAND_DIRS),
@@ -146,11 +148,15 @@ def base_recipe(variant: str, packages: tuple[str, ...]) -> dict:
     return recipe
 
 
-def _mmdebstrap_rootfs(name: str, variant: str, packages: tuple[str, ...], hooks: list[str], build) -> Path:
-    """`mmdebstrap --variant=VARIANT` of BASE_SUITE with `packages` as a tarball, cached by a hash of its
-    recipe; `build(out, tar)` turns mmdebstrap's tarball `out/mmdebstrap.tar` into `tar` (or just renames it)."""
-    recipe = base_recipe(variant, packages)
+def _mmdebstrap_rootfs(name: str, variant: str, packages: tuple[str, ...], hooks: list[str], build,
+                       arch: str = "amd64") -> Path:
+    """`mmdebstrap --variant=VARIANT` of BASE_SUITE with `packages` for the CPU `arch` as a tarball, cached by a
+    hash of its recipe; `build(out, tar)` turns mmdebstrap's tarball `out/mmdebstrap.tar` into `tar` (or just
+    renames it). Another CPU's packages are only extracted (`--variant=extract`: nothing of theirs runs)."""
+    recipe = base_recipe(variant, packages, arch)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    if arch != "amd64":
+        name = f"{name}-{arch}"
     out = toolchain.cache_root() / f"{name}-{BASE_SUITE}-{key}"
     tar = out / "rootfs.tar"
     if (out / ".complete").exists():
@@ -158,7 +164,7 @@ def _mmdebstrap_rootfs(name: str, variant: str, packages: tuple[str, ...], hooks
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     started = time.monotonic()
-    cmd = [_mmdebstrap(), f"--variant={variant}", "--include=" + ",".join(packages)]
+    cmd = [_mmdebstrap(), f"--variant={variant}", f"--architectures={arch}", "--include=" + ",".join(packages)]
     cmd += [f"--dpkgopt={o}" for o in BASE_DPKG_OPTS]
     cmd += [f"--aptopt={p}" for p in host_apt_options()]
     cmd += [h.format(out=out) for h in hooks]
@@ -178,9 +184,10 @@ def build_base_rootfs() -> Path:
                               lambda out, tar: (out / "mmdebstrap.tar").rename(tar))
 
 
-def runtime_base_rootfs() -> Path:
-    """The distroless runtime base: RUNTIME_BASE_PACKAGES and their dependencies extracted, finished by
-    finish_runtime_base from the .debs mmdebstrap downloaded (copied out by its extract hook)."""
+def runtime_base_rootfs(arch: str = "amd64") -> Path:
+    """The distroless runtime base for the CPU `arch` (Debian's name: amd64, arm64): RUNTIME_BASE_PACKAGES and
+    their dependencies extracted, finished by finish_runtime_base from the .debs mmdebstrap downloaded (copied
+    out by its extract hook)."""
     hooks = ["--extract-hook=mkdir -p {out}/debs && cp \"$1\"/var/cache/apt/archives/*.deb {out}/debs/"]
 
     def build(out: Path, tar: Path) -> None:
@@ -188,7 +195,7 @@ def runtime_base_rootfs() -> Path:
         (out / "mmdebstrap.tar").unlink()
         shutil.rmtree(out / "debs")
 
-    return _mmdebstrap_rootfs("python-runtime-base", "extract", RUNTIME_BASE_PACKAGES, hooks, build)
+    return _mmdebstrap_rootfs("python-runtime-base", "extract", RUNTIME_BASE_PACKAGES, hooks, build, arch)
 
 
 def _deb_fields(deb: Path) -> str:
@@ -327,10 +334,10 @@ class BuildKit:
         return _run([str(self.bins / "buildctl"), "--addr", self.addr, *args], timeout=timeout)
 
     def build(self, context: Path, out: Path, build_args: dict[str, str], secrets: dict[str, Path],
-              no_cache: bool = False, rewrite_timestamp: bool = True) -> dict:
+              no_cache: bool = False, rewrite_timestamp: bool = True, platforms: tuple[str, ...] = ()) -> dict:
         """Build `context`'s Dockerfile with the built-in dockerfile.v0 frontend, with its provenance
-        attestation (mode=max), into the OCI layout directory `out`; returns buildctl's metadata
-        (containerimage.digest among it)."""
+        attestation (mode=max), into the OCI layout directory `out`, for `platforms` (default: the worker's,
+        linux/amd64); returns buildctl's metadata (containerimage.digest among it)."""
         meta = out.parent / f"{out.name}.metadata.json"
         args = ["build", "--frontend", "dockerfile.v0", "--local", f"context={context}",
                 "--local", f"dockerfile={context}", "--progress", "plain", "--metadata-file", str(meta),
@@ -341,6 +348,8 @@ class BuildKit:
             args += ["--secret", f"id={sid},src={src}"]
         if no_cache:
             args += ["--no-cache"]
+        if platforms:
+            args += ["--opt", "platform=" + ",".join(platforms)]
         # The name is the attestation's subject (as `-t` would give it); the layout is pushed under any name.
         output = f"type=oci,tar=false,dest={out},name=docker.io/library/{REPO}:e2e"
         if rewrite_timestamp:
@@ -449,10 +458,13 @@ def snapshot_context(dest: Path) -> Context:
 
 def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: bool = False,
                  rewrite_timestamp: bool = True, kit: BuildKit | None = None,
-                 secrets: dict[str, Path] | None = None) -> Path:
+                 secrets: dict[str, Path] | None = None, runtime_base: str | None = None,
+                 platforms: tuple[str, ...] = ()) -> Path:
     """The Dockerfile of `context` built on the Debian base (pushed to `registry`) into the OCI layout `out`,
-    by a buildkitd of its own unless `kit` is given; `secrets` default to the host's (proxy_secrets)."""
-    build_base, runtime_base = push_bases(registry)
+    by a buildkitd of its own unless `kit` is given; `secrets` default to the host's (proxy_secrets). For
+    other `platforms` than linux/amd64, `runtime_base` is an index that has them."""
+    build_base, amd64_runtime_base = push_bases(registry)
+    runtime_base = runtime_base or amd64_runtime_base
     out.parent.mkdir(parents=True, exist_ok=True)
     build_args = {"BUILD_BASE": build_base, "RUNTIME_BASE": runtime_base, "SOURCE_DATE_EPOCH": str(context.epoch)}
     with contextlib.ExitStack() as stack:
@@ -462,8 +474,7 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
             TIMINGS["buildkitd start"] = time.monotonic() - started
         started = time.monotonic()
         kit.build(context.dir, out, build_args, proxy_secrets(out.parent) if secrets is None else secrets,
-                  no_cache=no_cache,
-                  rewrite_timestamp=rewrite_timestamp)
+                  no_cache=no_cache, rewrite_timestamp=rewrite_timestamp, platforms=platforms)
         TIMINGS[f"image build ({out.name})"] = time.monotonic() - started
     return out
 
@@ -506,7 +517,8 @@ class _Session:
 _SESSION: list[_Session] = []
 
 
-def _session() -> _Session:
+def build_session() -> _Session:
+    """This session's work directory and its snapshot of the build context (every build starts from it)."""
     if not _SESSION:
         work = Path(tempfile.mkdtemp(prefix="dispatch-admission-image-"))
         atexit.register(shutil.rmtree, work, ignore_errors=True)
@@ -516,7 +528,7 @@ def _session() -> _Session:
 
 def build_webhook_image(registry: Registry) -> str:
     """The webhook image, built once per session, pushed to `registry`: `HOST/dispatch-admission@sha256:...`."""
-    session = _session()
+    session = build_session()
     if registry.host not in session.pushed:
         if session.layout is None:
             session.layout = build_layout(registry, session.context, session.work / "layout")
@@ -579,7 +591,7 @@ def rebuild_from_scratch(registry: Registry) -> Path:
     """The session's context built again as a user elsewhere would: a new buildkitd with no cache, no CA
     secret, and the index given only as the `pipconf` secret (a pip.conf pointing at the lock's wheels on
     a loopback index). Same base and SOURCE_DATE_EPOCH: a reproducible build gives the first digest."""
-    session = _session()
+    session = build_session()
     build_webhook_image(registry)
     out = session.work / "rebuild"
     if not out.exists():
@@ -667,9 +679,9 @@ def export_rootfs(registry: Registry, ref: str, dest: Path) -> Path:
 
 
 def run_in_image(rootfs: Path, config: dict, args: list[str], *, mounts: dict[str, Path] | None = None,
-                 user: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+                 user: str | None = None, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`args` run under runc in `rootfs` as the image config says (its user, env, working dir) with a
-    read-only root, no network but loopback, and files bind-mounted read-only from `mounts`."""
+    read-only root, no network but loopback, files bind-mounted read-only from `mounts`, `stdin` as input."""
     cfg = config.get("config") or {}
     uid, _, gid = (user or cfg.get("User") or "0").partition(":")
     bundle = Path(tempfile.mkdtemp(prefix="dispatch-image-run-"))
@@ -687,7 +699,8 @@ def run_in_image(rootfs: Path, config: dict, args: list[str], *, mounts: dict[st
                                    "options": ["rbind", "ro", "nosuid", "nodev"]})
         (bundle / "config.json").write_text(json.dumps(spec))
         return subprocess.run([str(runc()), "--root", str(bundle / "state"), "run", "--bundle", str(bundle), cid],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=timeout,
+                              **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}))
     finally:
         subprocess.run([str(runc()), "--root", str(bundle / "state"), "delete", "--force", cid], capture_output=True)
         _cgroup_cleanup(cid)

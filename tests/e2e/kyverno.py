@@ -58,7 +58,7 @@ class Kyverno:
         self.port = 0
         self.ready_s = float("nan")
 
-    def start(self, policies: list[dict] | None = None) -> "Kyverno":
+    def start(self, policies: list[dict] | None = None, resource: str = "trainjobs") -> "Kyverno":
         binary = toolchain.kyverno_bin() / "kyverno"
         self.port = free_port()
         names = {"KYVERNO_NAMESPACE": "kyverno", "KYVERNO_SERVICEACCOUNT_NAME": "kyverno-admission-controller",
@@ -77,7 +77,7 @@ class Kyverno:
         self._wait_ready()
         for doc in policies if policies is not None else load_policies():
             self.cluster.apply(doc)
-        self._wait_policies(policies if policies is not None else load_policies())
+        self._wait_policies(policies if policies is not None else load_policies(), resource)
         self.ready_s = time.monotonic() - started
         return self
 
@@ -101,8 +101,8 @@ class Kyverno:
             time.sleep(0.2)
         raise RuntimeError(f"kyverno not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
 
-    def _wait_policies(self, docs: list[dict], timeout: float = 120) -> None:
-        """Every policy Ready, and the resource webhooks registered for TrainJobs (the policies are live)."""
+    def _wait_policies(self, docs: list[dict], resource: str, timeout: float = 120) -> None:
+        """Every policy Ready, and the resource webhooks registered for `resource` (the policies are live)."""
         deadline = time.monotonic() + timeout
         names = [d["metadata"]["name"] for d in docs]
         while time.monotonic() < deadline:
@@ -112,7 +112,7 @@ class Kyverno:
                                              check=False).stdout.strip() == "True" for n in names)
             hooks = self.cluster.kubectl("get", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
                                          "-o", "json", check=False)
-            if ready and hooks.returncode == 0 and _lists_trainjobs(yaml.safe_load(hooks.stdout)):
+            if ready and hooks.returncode == 0 and _lists(yaml.safe_load(hooks.stdout), resource):
                 return
             time.sleep(0.3)
         raise RuntimeError(f"kyverno policies not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
@@ -135,12 +135,13 @@ class Kyverno:
                 self.cluster.kubectl("delete", *doomed, "--ignore-not-found", check=False)
 
 
-def _lists_trainjobs(doc: dict) -> bool:
+def _lists(doc: dict, resource: str) -> bool:
+    """Both of Kyverno's resource webhooks list `resource` in the configurations `doc` holds."""
     kinds = set()
     for cfg in doc.get("items", []):
         for hook in cfg.get("webhooks") or []:
             if hook["name"] in (MUTATE_HOOK, VALIDATE_HOOK) and any(
-                    "trainjobs" in r.get("resources", []) for r in hook.get("rules") or []):
+                    resource in r.get("resources", []) for r in hook.get("rules") or []):
                 kinds.add(hook["name"])
     return kinds == {MUTATE_HOOK, VALIDATE_HOOK}
 
@@ -191,9 +192,10 @@ def our_configurations(hook) -> list[dict]:
 
 
 @contextlib.contextmanager
-def running(cluster, workdir: Path, admission_reports: bool = True, policies: list[dict] | None = None):
+def running(cluster, workdir: Path, admission_reports: bool = True, policies: list[dict] | None = None,
+            resource: str = "trainjobs"):
     kyv = Kyverno(cluster, workdir, admission_reports)
     try:
-        yield kyv.start(policies)
+        yield kyv.start(policies, resource)
     finally:
         kyv.stop()

@@ -134,6 +134,10 @@ class Registry:
             raise RuntimeError(f"crane {' '.join(args)} failed ({got.returncode}):\n{got.stderr[-3000:]}")
         return got.stdout.strip()
 
+    def crane_run(self, *args: str) -> str:
+        """`crane ARGS` against this registry (a tag, a mutation, an append...): what it prints."""
+        return self._crane(*args)
+
     def digest_ref(self, ref: str) -> str:
         """`HOST/repo:tag` (or a digest reference) as `HOST/repo@sha256:...`."""
         repo = ref.split("@")[0].rsplit(":", 1)[0] if ":" in ref.split("/")[-1] else ref.split("@")[0]
@@ -168,6 +172,13 @@ class Registry:
         returns its digest reference."""
         ref = f"{self.host}/{repo}:{tag}"
         self._crane("push", str(layout), ref)
+        return self.digest_ref(ref)
+
+    def push_index(self, repo: str, manifests: list[str], tag: str = "e2e") -> str:
+        """An OCI image index of `manifests` (digest references of images; each one's platform from its config)
+        pushed as HOST/repo:tag; returns its digest reference."""
+        ref = f"{self.host}/{repo}:{tag}"
+        self._crane("index", "append", *(arg for m in manifests for arg in ("-m", m)), "-t", ref)
         return self.digest_ref(ref)
 
     def push_tarball(self, repo: str, tarball: Path, tag: str = "e2e") -> str:

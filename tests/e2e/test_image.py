@@ -30,7 +30,7 @@ COMPILERS = {"gcc", "cc", "c++", "g++", "cpp", "cc1", "cc1plus", "collect2", "cl
              "ld.bfd", "ld.gold", "as", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-as", "x86_64-linux-gnu-ld"}
 PACKAGE_MANAGERS = {"apt", "apt-get", "apt-cache", "apt-mark", "apt-key", "aptitude", "dpkg", "dpkg-deb", "dpkg-query",
                     "dpkg-divert", "pip", "pip3", "pip3.13", "easy_install", "uv", "conda", "poetry", "pipx"}
-INSTALLER_MODULES = {"pip", "setuptools", "ensurepip", "wheel", "pkg_resources", "_distutils_hack"}
+INSTALLER_MODULES = {"pip", "setuptools", "ensurepip", "wheel", "installer", "pkg_resources", "_distutils_hack"}
 # Shells, and the commands of coreutils and of the other Essential packages a shell session would use.
 SHELLS = {"sh", "bash", "dash", "rbash", "zsh", "ksh", "mksh", "busybox", "toybox"}
 COREUTILS = {"ls", "cat", "cp", "mv", "rm", "ln", "mkdir", "chmod", "chown", "touch", "echo", "env", "id", "head",
@@ -96,14 +96,15 @@ def in_image_path(built: Built, names: set[str]) -> list[str]:
 
 
 def expected_distributions() -> dict[str, str]:
-    """What the venv must hold: every distribution of the lock (less the build backend and pip, removed in
-    the build stage) and the package itself, canonical name -> version."""
+    """What the venv must hold: every distribution of the lock (less the build-only ones: the build backend
+    and PyPA's installer, which the build stage keeps out of the venv) and the package itself, canonical
+    name -> version."""
     lock = {}
     for line in re.sub(r"\\\n", " ", (ROOT / "requirements" / "image.lock").read_text()).splitlines():
         m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", line)
         if m:
             lock[canonicalize_name(m.group(1))] = m.group(2)
-    build_only = {"pip", "setuptools", "wheel"}
+    build_only = {"pip", "setuptools", "wheel", "installer"}
     expected = {n: v for n, v in lock.items() if n not in build_only}
     expected["dispatch-admission"] = PYPROJECT["project"]["version"]
     return expected

@@ -29,6 +29,7 @@ BUILDKIT = "v0.34.2"
 SYFT = "v1.57.1"
 KUEUE = "v0.19.2"
 OPENREPORTS = "v0.2.1"  # github.com/openreports/reports-api: the Report and ClusterReport CRDs audit --report writes
+COSIGN = "v3.1.3"
 
 
 def cache_root() -> Path:
@@ -223,6 +224,17 @@ def syft_bin() -> Path:
                   tags="containers_image_openpgp exclude_graphdriver_btrfs")
 
 
+
+def cosign_bin() -> Path:
+    """cosign from github.com/sigstore/cosign/v3 (CGO off, as its release's `make cosign`): signs the image,
+    attaches its SBOM as an attestation and verifies both with a key the test makes (issue 37)."""
+    pkg = "github.com/sigstore/cosign/v3/cmd/cosign"
+    gomod = (f"module dispatch-admission/e2e-cosign\n\ngo 1.26\n\nrequire github.com/sigstore/cosign/v3 {COSIGN}\n\n"
+             f"tool {pkg}\n")
+    ldflags = (f"-s -w -X sigs.k8s.io/release-utils/version.gitVersion={COSIGN}"
+               " -X sigs.k8s.io/release-utils/version.gitTreeState=clean")
+    return _build(f"cosign-{COSIGN}", gomod, [pkg], ldflags=ldflags)
+
 # ---- the node (issue 11): container runtime, CNI, registry tooling, JobSet's controller ----
 
 CONTAINERD = "v2.4.2"
@@ -233,17 +245,22 @@ CRICTL = "v1.37.0"
 NODE_APT = ("libseccomp-dev", "busybox-static", "iptables")
 
 
-def node_apt() -> list[str]:
-    """Debian packages the node needs: libseccomp (runc's seccomp, built with cgo), busybox-static (the
-    training image's shell), iptables (the kubelet's and kube-proxy's rules). Installed once if missing."""
-    missing = [p for p in NODE_APT
+def apt_install(packages: tuple[str, ...]) -> list[str]:
+    """Debian packages installed once, those missing only (apt-get, as root)."""
+    missing = [p for p in packages
                if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
                .stdout.strip() != "install ok installed"]
     if missing:
         subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True)
         subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True,
                        capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    return list(NODE_APT)
+    return list(packages)
+
+
+def node_apt() -> list[str]:
+    """Debian packages the node needs: libseccomp (runc's seccomp, built with cgo), busybox-static (the
+    training image's shell), iptables (the kubelet's and kube-proxy's rules). Installed once if missing."""
+    return apt_install(NODE_APT)
 
 
 def containerd_bin() -> Path:
@@ -382,12 +399,12 @@ def kubernetes_bins() -> dict[str, Path]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
-                      "kyverno", "kueue", "syft", "openreports"]
+                      "kyverno", "kueue", "syft", "openreports", "cosign"]
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
                 "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin, "syft": syft_bin,
-                "openreports": openreports_crds}
+                "openreports": openreports_crds, "cosign": cosign_bin}
     for name in wanted:
         started = time.monotonic()
         result = builders[name]()

@@ -43,11 +43,11 @@ def test_multi_stage_on_debian_13_bases_pinned_by_digest():
     runtime = re.search(r"^ARG RUNTIME_BASE=(\S+)$", TEXT, re.M).group(1)
     assert re.fullmatch(r"debian:(trixie|13)-slim@sha256:[0-9a-f]{64}", build)
     assert re.fullmatch(r"gcr\.io/distroless/python3-debian13@sha256:[0-9a-f]{64}", runtime)
-    assert BUILD.startswith("${BUILD_BASE} AS build\n")
+    assert BUILD.startswith("--platform=$BUILDPLATFORM ${BUILD_BASE} AS build\n")
     assert FINAL.startswith("${RUNTIME_BASE}\n")
     # The venv is made by the interpreter the distroless base has, at the same path.
     assert re.search(r"^ARG PYTHON=/usr/bin/python3\.13$", TEXT, re.M)
-    assert any(re.search(r'"\$PYTHON" -m venv /opt/venv$', i) for i in instructions(BUILD))
+    assert any(re.search(r'"\$PYTHON" -m venv --without-pip /opt/venv;', i) for i in instructions(BUILD))
 
 
 def test_no_syntax_directive_so_the_builtin_frontend_is_used():
@@ -55,27 +55,46 @@ def test_no_syntax_directive_so_the_builtin_frontend_is_used():
     assert not re.search(r"^#\s*syntax\s*=", TEXT, re.M | re.I)
 
 
-def test_build_stage_installs_the_lock_only_with_hashes_and_wheels():
+def test_build_stage_fetches_the_lock_only_with_hashes_and_wheels():
     runs = [i for i in instructions(BUILD) if i.startswith("RUN ")]
-    lock_install = [r for r in runs if "-r /tmp/image.lock" in r]
-    assert len(lock_install) == 1
-    assert "--require-hashes" in lock_install[0] and "--only-binary=:all:" in lock_install[0]
+    lock_fetch = [r for r in runs if "-r /tmp/image.lock" in r]
+    assert len(lock_fetch) == 1
+    assert "pip download" in lock_fetch[0]
+    assert "--require-hashes" in lock_fetch[0] and "--only-binary=:all:" in lock_fetch[0]
     assert "COPY requirements/image.lock /tmp/image.lock" in instructions(BUILD)
     # The package itself brings nothing new: no index, no dependencies, the locked build backend.
-    own = [r for r in runs if re.search(r"pip install .* \.(\s|;|$)", r)]
+    own = [r for r in runs if re.search(r"pip wheel .* \.(\s|;|$)", r)]
     assert len(own) == 1
     assert all(flag in own[0] for flag in ("--no-index", "--no-deps", "--no-build-isolation"))
-    assert "pip check" in own[0] and "pip uninstall -y -q pip setuptools wheel" in own[0]
+    # The consistency check pip check made: the package resolved from the fetched wheels alone.
+    assert re.search(r"pip install --quiet --dry-run --ignore-installed --no-index --find-links /tmp/wheels ", own[0])
+    # The venv gets every wheel but the build-only ones (installed in /tmp/tools), and no pip.
+    assert "setuptools-*|wheel-*|installer-*) ;;" in own[0]
+    assert "/opt/venv/bin/python -m installer --no-compile-bytecode --validate-record=all" in own[0]
+    assert "/opt/venv/bin/pip" not in BUILD
+
+
+def test_no_step_runs_on_the_target_platform():
+    """A multi-platform build (linux/arm64 on an amd64 builder) needs no emulation: every stage that runs
+    something runs on the builder's platform, and the final stage (the target's) runs nothing."""
+    for stage in STAGES:
+        if any(i.startswith("RUN ") for i in instructions(stage)):
+            assert stage.startswith("--platform=$BUILDPLATFORM "), stage.splitlines()[0]
+    lock_fetch = next(i for i in instructions(BUILD) if "-r /tmp/image.lock" in i)
+    # The target's wheels: its CPU from TARGETARCH, both platforms the image is published for.
+    assert re.search(r"^ARG TARGETARCH$", BUILD, re.M)
+    assert "amd64) machine=x86_64 ;;" in lock_fetch and "arm64) machine=aarch64 ;;" in lock_fetch
+    assert "--platform manylinux_2_${minor}_$machine" in lock_fetch and "--abi cp$py" in lock_fetch
 
 
 def test_proxy_ca_and_index_settings_are_optional_build_secrets():
-    lock_install = next(i for i in instructions(BUILD) if "-r /tmp/image.lock" in i)
+    lock_fetch = next(i for i in instructions(BUILD) if "-r /tmp/image.lock" in i)
     for secret in ("pipcert", "pipconf"):
-        assert f"--mount=type=secret,id={secret},required=false" in lock_install
+        assert f"--mount=type=secret,id={secret},required=false" in lock_fetch
     assert re.search(r"^ARG PIP_CERT=/run/secrets/pipcert$", BUILD, re.M)
     assert re.search(r"^ARG PIP_CONFIG_FILE=/run/secrets/pipconf$", BUILD, re.M)
     # Without the secret the variable is dropped, so a plain `docker build` uses pip's own CA bundle.
-    assert '[ -s "$PIP_CERT" ] || unset PIP_CERT' in lock_install
+    assert '[ -s "$PIP_CERT" ] || unset PIP_CERT' in lock_fetch
     # Nothing about the index or the CA is declared where it would reach the final image.
     assert not re.search(r"PIP_(CERT|CONFIG_FILE|INDEX_URL|EXTRA_INDEX_URL|TRUSTED_HOST)|secret", FINAL)
 
