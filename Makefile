@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-compat unit e2e toolchain wrk bench bench-cluster bench-kyverno sweep clean lock docs \
+.PHONY: install run test test-extra test-compat unit e2e toolchain toolchain-extra wrk bench bench-cluster bench-kyverno \
+	sweep clean lock docs \
 	docs-check serve-docs
 
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +25,15 @@ run: install
 toolchain: install
 	$(PY) -m tests.e2e.toolchain
 
+# What only `make test-extra` needs: Kyverno's admission controller and cosign (~15 min to build cold on 2 cores).
+toolchain-extra: install
+	$(PY) -m tests.e2e.toolchain kyverno cosign
+
+# Not in `make test` (CI keeps it well inside 90 minutes from empty caches): the comparisons with other engines
+# (our rules as Kyverno policies and as in-tree admission policies, on one API server) and the signed multi-arch
+# image (cosign, the arm64 half run under qemu-user). `make test-extra` runs them.
+EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_signed_image.py
+
 # The soak test and the benchmark drive the server with wrk (Debian's package).
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
@@ -32,7 +42,10 @@ wrk:
 # ~1-2 min), then every test.
 test: install toolchain wrk docs-check
 	$(PY) -m tests.sweep
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(addprefix --ignore=,$(EXTRA_TESTS)) --durations=25 $(PYTEST_ARGS)
+
+test-extra: install toolchain toolchain-extra wrk
+	$(PY) -m pytest $(EXTRA_TESTS) $(PYTEST_ARGS)
 
 # The reference pages, the chart's README (helm-docs) and the chart's version, generated from the code.
 docs: install
@@ -70,7 +83,7 @@ unit: install wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
 
 e2e: install toolchain
-	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e $(addprefix --ignore=,$(EXTRA_TESTS)) $(PYTEST_ARGS)
 
 # Re-pins the image's Python dependencies (requirements/image.lock, with hashes) from pyproject.toml and
 # requirements/build.in; the Dockerfile installs exactly these. Needs the package index. Resolved with this
@@ -87,7 +100,7 @@ bench-cluster: install toolchain
 
 # Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
 KYVERNO_N ?= 200
-bench-kyverno: install toolchain
+bench-kyverno: install toolchain toolchain-extra
 	$(PY) bench/cluster.py --kyverno-only -n $(KYVERNO_N)
 
 # Every rule of the registry switched off in turn must fail the unit tests marked for it.

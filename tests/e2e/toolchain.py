@@ -399,7 +399,7 @@ def kubernetes_bins() -> dict[str, Path]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
-                      "kyverno", "kueue", "syft", "openreports", "cosign"]
+                      "kueue", "syft", "openreports"]  # kyverno and cosign: `make toolchain-extra`
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
                 "helm-docs": helm_docs_bin,
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
