@@ -22,7 +22,8 @@ settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # The ids come from the registry: a rule added there (R9, S7) marks its tests without an edit here.
-_NAMED = re.compile(r"^test_(?:spec_5_)?(" + "|".join(re.escape(r.id.lower()) for r in registry.RULES) + ")_")
+_IDS = {r.id.lower(): r.id for r in registry.RULES}
+_NAMED = re.compile(r"^test_(?:spec_5_)?(" + "|".join(map(re.escape, _IDS)) + ")_")
 
 
 def pytest_addoption(parser):
@@ -55,7 +56,7 @@ def rules_of(item) -> set[str]:
     found = {m for mark in item.iter_markers("rules") for m in mark.args}
     named = _NAMED.match(getattr(item, "originalname", item.name))
     if named:
-        found.add(named.group(1).upper())
+        found.add(_IDS[named.group(1)])
     return found
 
 
