@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Callable, Iterable, Iterator
 
 from . import heap
+from .blocking import blocking_allowed
 from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Key, Runtime, RuntimeUnavailable,
                             WouldBlock, stored_version)
 
@@ -47,24 +48,6 @@ class Backoff:
 
     def reset(self) -> None:
         self.current = self.initial
-
-
-_local = threading.local()
-
-
-def blocking_allowed() -> bool:
-    """False on a thread that must not wait on the network (the worker's event loop answering inline)."""
-    return not getattr(_local, "no_blocking", False)
-
-
-class NoBlocking:
-    """`with NoBlocking():` a cache miss raises WouldBlock instead of reading the API server."""
-
-    def __enter__(self):
-        _local.no_blocking = True
-
-    def __exit__(self, *exc):
-        _local.no_blocking = False
 
 
 ListFn = Callable[[str], tuple[list[dict], str]]

@@ -18,7 +18,8 @@ import time
 from typing import Callable
 
 from . import metrics
-from .cluster import Backoff, blocking_allowed
+from .blocking import blocking_allowed
+from .cluster import Backoff
 from .core.errors import Denied
 from .core.runtimes import WouldBlock
 from .core import sources

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from webhook import certs
-from webhook.worker import INLINE_LIMIT
+from webhook.connection import INLINE_LIMIT
 from tests.process import ROOT, free_port, stop, wait_https
 from tests.server.test_serve import read_response, tls_socket
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from webhook.cluster import ClusterRuntimes, NoBlocking, blocking_allowed
+from webhook.blocking import NoBlocking, blocking_allowed
+from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import WouldBlock
 from tests.helpers import admission, review, trainjob
 

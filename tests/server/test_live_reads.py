@@ -10,7 +10,8 @@ import time
 import pytest
 
 from webhook import live_reads
-from webhook.cluster import ClusterRuntimes, NoBlocking
+from webhook.blocking import NoBlocking
+from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import Runtime, RuntimeUnavailable, WouldBlock
 from webhook.store import StoreReader, StoreWriter
 from tests.helpers import runtime
