@@ -1,9 +1,8 @@
 """One client connection of the worker (webhook.worker): HTTP/1.1 framing and the request cycle.
 
-A connection goes through its phases (`Phase`): the TLS handshake, idle between requests, reading one,
-busy while a request is with the app, closed. llhttp (through httptools' callbacks) frames the stream; each
-request read has a `BodyPhase` (kept as it comes, dropped as it comes, received to its end) and an
-`AnswerPhase` (waiting, with the app, answered). The limits, deadlines and the worker's room are SPEC 7's.
+A connection goes through its phases (`Phase`): TLS handshake, idle, reading a request, busy while one is
+with the app, closed. Each request read has a `BodyPhase` (its body kept, dropped, or received to its end)
+and an `AnswerPhase` (waiting, with the app, answered). Limits, deadlines and the worker's room: SPEC 7.
 """
 
 from __future__ import annotations
@@ -142,8 +141,7 @@ class Connection(asyncio.Protocol):
         self.write_deadline = 0.0
         self.since = 0.0  # when the phase began (idle: eviction; busy: the stuck check)
         self.served = 0   # answers written
-        # The head being read: its target (None between heads), fields, the bytes fed for it (counted in the
-        # room), its first byte
+        # The head being read: its target (None between heads), fields, bytes fed (in the room), first byte
         self.url: bytearray | None = None
         self.fields: list[tuple[bytes, bytes]] = []
         self.head_fed = 0

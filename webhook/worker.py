@@ -6,9 +6,9 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
 
 - TLS from an accepted socket's first byte, under the handshake deadline, with the context gunicorn's
   `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
-- HTTP/1.1 (webhook.connection) framed by one httptools (llhttp, strict) parser per connection, under a deadline from a
-  request's first byte (the first request's: from the handshake's end) to its last; heads bounded by
-  gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413, answered at the head, the
+- HTTP/1.1 (webhook.connection) framed by one httptools (llhttp, strict) parser per connection, under a
+  deadline from a request's first byte (the first request's: from the handshake's end) to its last; heads
+  bounded by gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413, answered at the head, the
   body then dropped as it comes: the client reads the answer); every request byte one worker holds, heads
   included, by max_body_in_flight (webhook.room: 503). The API server sends Content-Length bodies and
   never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
@@ -45,6 +45,7 @@ ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
 METRICS_THREADS = 2             # /metrics is answered on threads of its own (it may wait on the API server's reviews)
 METRICS_WAITING = 8             # ... with at most this many scrapes queued or running; past that, 503 at once
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerOptions:
