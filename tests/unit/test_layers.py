@@ -25,3 +25,15 @@ def test_core_imports_no_adapter_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_http_layer_does_not_import_the_kubernetes_adapters():
+    """The worker and its connections ask the may-I-block rule of webhook.blocking, not of webhook.cluster."""
+    code = (
+        "import sys\n"
+        "import webhook.worker, webhook.connection\n"
+        "print(','.join(sorted(m for m in sys.modules if m in ('webhook.cluster', 'webhook.live_settings',"
+        " 'webhook.live_reads', 'webhook.store', 'kubernetes'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
