@@ -20,11 +20,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers import (  # noqa: E402
+    CREDS,
+    EXAMPLES,
+    ROUTE1,
+    ROUTE2,
+    admission,
+    mount_patch,
+    pod_patch,
+    review,
+    runtime,
+    stock_runtimes,
+    trainjob,
+)
+from tests.process import free_port, stop, wait_https  # noqa: E402
 from webhook import certs
 from webhook.core.runtimes import RuntimeIndex  # noqa: E402
-from tests.helpers import (CREDS, EXAMPLES, ROUTE1, ROUTE2, admission, mount_patch, pod_patch, review,  # noqa: E402
-                           runtime, stock_runtimes, trainjob)
-from tests.process import free_port, stop, wait_https  # noqa: E402
 
 
 def cases():

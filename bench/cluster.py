@@ -142,10 +142,10 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
     where ours sits, right after Trainer's defaulter, and measured at each level up to FLOOR_LEVEL_MAX
     beside it; then the Go pair a webhook like ours would be at best (the patching one mutating, the plain
     one validating), for what it adds to a create."""
-    from webhook import certs
-    from webhook.core.admission import Admission, MUTATE
-    from webhook.files import load_runtimes, load_settings
     from tests.process import free_port, wait_https
+    from webhook import certs
+    from webhook.core.admission import MUTATE, Admission
+    from webhook.files import load_runtimes, load_settings
 
     levels = [level for level in levels if level <= FLOOR_LEVEL_MAX]
     if not levels:

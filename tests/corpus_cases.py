@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tests.corpus import RUNTIME_KINDS, Corpus, Subject, subjects
 from tests.trainer_pods import added_by, build_pods, collisions_with, missing
@@ -25,7 +25,7 @@ from webhook.core.rules import NODE_CONTAINER
 from webhook.core.runtimes import PLURALS, RuntimeIndex
 from webhook.core.settings import parse
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 IMAGE = ("registry.gitlab.com/phpboyscout/go/dispatch/publish@sha256:"
          "0f3c8a1d2b4e5f60718293a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7")
 MANAGER = "dispatch.go.phpboyscout.uk/publish"

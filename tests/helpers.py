@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -20,7 +20,7 @@ EXAMPLES = ROOT / "examples"
 DIGEST = "sha256:" + "0f3c8a1d2b4e5f60718293a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7"
 IMAGE = f"registry.gitlab.com/phpboyscout/go/dispatch/publish@{DIGEST}"
 MANAGER = "dispatch.go.phpboyscout.uk/publish"
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 NOW_TEXT = "2026-11-29T12:00:00Z"
 
 ROUTE1 = {"publish": {"image": IMAGE}}

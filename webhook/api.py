@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from .core import patch
 from .core.admission import Admission, Enforcement, Verb
@@ -71,7 +72,7 @@ def _source(runtimes: Iterable[Mapping] | RuntimeSource) -> RuntimeSource:
 
 def admission(settings: Settings, runtimes: Iterable[Mapping] | RuntimeSource, now: datetime | None = None,
               enforcement: Enforcement | str = Enforcement.ENFORCE) -> Admission:
-    clock = (lambda: now) if now is not None else (lambda: datetime.now(timezone.utc))
+    clock = (lambda: now) if now is not None else (lambda: datetime.now(UTC))
     return Admission(settings, _source(runtimes), clock=clock, enforcement=Enforcement(enforcement))
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 from .core import reports
 from .core.admission import Admission
@@ -161,7 +162,7 @@ class OpenReports:
             raise self._unwritable(e) from None
 
     @staticmethod
-    def _unwritable(e) -> "ClusterUnreadable":
+    def _unwritable(e) -> ClusterUnreadable:
         if e.status == 404:
             return ClusterUnreadable("the OpenReports CRDs are not installed (reports.openreports.io and"
                                      " clusterreports.openreports.io, v1alpha1): see docs/rollout.md#reports")

@@ -6,16 +6,16 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from . import __version__, api
+from .certs.context import DEFAULT_CIPHERS
 from .core import settings as settings_mod
 from .core.admission import PREVIOUS_SETTINGS_GRACE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied
-from .certs.context import DEFAULT_CIPHERS
 from .core.verify_cleanup import MAX_PROBES
 from .files import RuntimeFileError, load_runtimes, load_settings
 
@@ -50,7 +50,7 @@ def _not_negative(text: str) -> float:
 
 def _now(text: str | None):
     if text is None:
-        return lambda: datetime.now(timezone.utc)
+        return lambda: datetime.now(UTC)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -15,12 +15,22 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from . import heap
 from .blocking import blocking_allowed
-from .core.runtimes import (CLUSTER_KIND, GROUP, KINDS, PLURALS, VERSION, Key, Runtime, RuntimeUnavailable,
-                            WouldBlock, stored_version)
+from .core.runtimes import (
+    CLUSTER_KIND,
+    GROUP,
+    KINDS,
+    PLURALS,
+    VERSION,
+    Key,
+    Runtime,
+    RuntimeUnavailable,
+    WouldBlock,
+    stored_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +186,7 @@ class Listing:
     the pages are read. What is held at once is one item (at most the API server's object size) and the
     parser's buffer, whatever the page holds."""
 
-    def __init__(self, api: "RuntimeAPI", kind: str):
+    def __init__(self, api: RuntimeAPI, kind: str):
         self.api, self.kind, self.version = api, kind, None
 
     def __iter__(self) -> Iterator[Runtime]:
@@ -271,7 +281,7 @@ class RuntimeAPI:
             self.stats.error("get", kind)
             raise RuntimeUnavailable(f"the API server cannot be reached: {type(e).__name__}") from None
 
-    def list(self, kind: str) -> "Listing":
+    def list(self, kind: str) -> Listing:
         return Listing(self, kind)
 
     def watch(self, kind: str, version: str) -> Iterator[dict]:

@@ -21,7 +21,7 @@ called after the webhook's own.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 WORKER_CLASS = "webhook.worker.Worker"
 

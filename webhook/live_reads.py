@@ -29,7 +29,7 @@ import socketserver
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from .core.runtimes import KINDS, NAMESPACED_KIND, Runtime, RuntimeUnavailable
 

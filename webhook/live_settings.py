@@ -15,14 +15,14 @@ import json
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import metrics
 from .blocking import blocking_allowed
 from .cluster import Backoff
+from .core import sources
 from .core.errors import Denied
 from .core.runtimes import WouldBlock
-from .core import sources
 from .core.settings import Settings, doc_reason, parse
 
 log = logging.getLogger(__name__)

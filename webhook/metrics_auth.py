@@ -23,8 +23,8 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from . import metrics
 

@@ -23,7 +23,8 @@ may be refused (503).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 HEADROOM = 1024 * 1024  # the default cap is the largest body and this: small reviews fit beside a large one
 GRACE = 0.1             # seconds: a request younger than this keeps its room (unless much bigger than the newcomer)

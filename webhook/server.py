@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import orjson
 from flask import Flask, Response, request
@@ -28,12 +28,11 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_content_length
 
 from . import heap, metrics
-from .core.admission import (MUTATE, PREVIOUS_SETTINGS_GRACE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement,
-                             Verb)
+from .core.admission import MUTATE, PREVIOUS_SETTINGS_GRACE, RUNTIMES, VALIDATE, Admission, BadReview, Enforcement, Verb
 from .core.errors import Denied, ErrInvalid, Reason
 from .core.runtimes import KINDS, RuntimeSource, WouldBlock
-from .files import RuntimeFileError, load_runtimes, load_settings
 from .core.settings import EXAMPLE, Settings, parse
+from .files import RuntimeFileError, load_runtimes, load_settings
 from .live_settings import LiveSettings, fixed_repositories, switch_line
 from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
 from .wsgi import error_body

@@ -24,12 +24,13 @@ from __future__ import annotations
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO
 
 from .core import verify as core
-from .core import verify_cleanup as leftovers
 from .core import verify_causes as causes
+from .core import verify_cleanup as leftovers
 from .core import verify_report as report
 from .core.patch import entry_secrets
 from .core.rules import runtime_facts

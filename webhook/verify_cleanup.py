@@ -9,7 +9,7 @@ Calls: list of TrainJobs labelled `dispatch.go.phpboyscout.uk/verify` (in NS, or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO
 
 from .core import verify_cleanup as core
@@ -19,7 +19,7 @@ from .verify import Cluster, _fault
 def sweep(cluster: Cluster, namespace: str | None) -> list[tuple[core.Leftover, str]]:
     """Every probe found, with what became of it: removed, kept (not expired), gone, or why its delete failed."""
     items, date = cluster.probes(namespace)
-    now = core.server_now(date) or datetime.now(timezone.utc)
+    now = core.server_now(date) or datetime.now(UTC)
     out = []
     for p in core.leftovers(items, now):
         if not p.expired:

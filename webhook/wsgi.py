@@ -10,7 +10,8 @@ import io
 import json
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 WSGIApp = Callable[[dict, Callable], Any]

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import yaml
-from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from webhook import certs
-from tests.process import free_port, stop
 from tests.e2e import toolchain
+from tests.process import free_port, stop
+from webhook import certs
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -122,7 +122,7 @@ class ControlPlane:
 
     # ---- processes ----
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         self.start_etcd()
         self.start_apiserver()
         return self

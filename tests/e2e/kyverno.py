@@ -10,8 +10,8 @@ a CA it issues itself. Its configurations outlive it (failurePolicy Fail), so `s
 from __future__ import annotations
 
 import base64
-import json
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -58,7 +58,7 @@ class Kyverno:
         self.port = 0
         self.ready_s = float("nan")
 
-    def start(self, policies: list[dict] | None = None, resource: str = "trainjobs") -> "Kyverno":
+    def start(self, policies: list[dict] | None = None, resource: str = "trainjobs") -> Kyverno:
         binary = toolchain.kyverno_bin() / "kyverno"
         self.port = free_port()
         names = {"KYVERNO_NAMESPACE": "kyverno", "KYVERNO_SERVICEACCOUNT_NAME": "kyverno-admission-controller",

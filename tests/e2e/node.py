@@ -100,7 +100,7 @@ class HostState:
     leftovers: list[str] = field(default_factory=list)
 
     @classmethod
-    def record(cls) -> "HostState":
+    def record(cls) -> HostState:
         state = cls()
         for name in SYSCTLS:
             p = _sysctl_path(name)
@@ -203,7 +203,7 @@ def identity(cluster: ControlPlane, name: str, cn: str, orgs: tuple[str, ...] = 
     """A client (and optionally serving) certificate signed by the cluster CA: (cert file, key file)."""
     ca_key, ca_cert = cluster._ca
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     subject = x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs),
                          x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server_names else [])

@@ -99,7 +99,7 @@ class Registry:
         self.crane = str(toolchain.crane_bin() / "crane")
 
     @classmethod
-    def start(cls, workdir: Path, timeout: float = 30) -> "Registry":
+    def start(cls, workdir: Path, timeout: float = 30) -> Registry:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "blobs").mkdir(exist_ok=True)
         crane = str(toolchain.crane_bin() / "crane")

@@ -119,7 +119,7 @@ class Cosign:
     bin: Path
 
     @classmethod
-    def with_new_key(cls, home: Path) -> "Cosign":
+    def with_new_key(cls, home: Path) -> Cosign:
         home.mkdir(parents=True, exist_ok=True)
         made = cls(home, secrets.token_urlsafe(24), toolchain.cosign_bin() / "cosign")
         made.run("generate-key-pair", "--output-key-prefix", str(home / "cosign"))

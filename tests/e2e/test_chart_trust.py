@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_helm import helm  # noqa: F401  (the fixture)
-from tests.e2e.test_helm import BASE, FULL, NS, args_of, merged, rendered, template
+from tests.e2e.test_helm import (
+    BASE,
+    FULL,
+    NS,
+    args_of,
+    helm,  # noqa: F401  (the fixture)
+    merged,
+    rendered,
+    template,
+)
 from tests.helpers import IMAGE
 
 REPO = IMAGE.split("@")[0]

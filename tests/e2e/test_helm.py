@@ -27,10 +27,11 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook.core import images, settings as settings_mod
 from tests.e2e import toolchain
 from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
 from tests.process import eventually, free_port, stop, webhook_server
+from webhook.core import images
+from webhook.core import settings as settings_mod
 
 CHART = ROOT / "charts" / "dispatch-admission"
 HELM_LABEL = "dispatch-e2e/helm"

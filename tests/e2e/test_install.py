@@ -48,8 +48,19 @@ from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
 from tests.e2e.registry import FileEntry, write_layer
-from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, assert_complete, assert_in_pod_checks,
-                                 assert_only_our_mount, entry, logs, pods_of, start_trainer_on_node, trainjob)
+from tests.e2e.test_node import (
+    CREDS_PATH,
+    IN_POD_CHECKS,
+    NS,
+    assert_complete,
+    assert_in_pod_checks,
+    assert_only_our_mount,
+    entry,
+    logs,
+    pods_of,
+    start_trainer_on_node,
+    trainjob,
+)
 from tests.helpers import EXAMPLES, MANAGER, ROOT
 from tests.process import eventually, stop
 
@@ -176,7 +187,7 @@ class Load:
         finally:
             api.close()
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         for n in range(self.workers):
             t = threading.Thread(target=self._run, name=f"load-{self.phase}-{n}", daemon=True)
             t.start()
@@ -1182,7 +1193,8 @@ class MemoryPeaks:
 
 
 def large_review(i: int) -> bytes:
-    from tests.helpers import review as make_review, trainjob as make_trainjob
+    from tests.helpers import review as make_review
+    from tests.helpers import trainjob as make_trainjob
 
     body = make_review(make_trainjob(f"large-{i}", namespace=NS), uid=f"large-{i}")
     raw = json.dumps(body).encode()
@@ -1269,7 +1281,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
 
 
 def review_of_runtime(name: str) -> dict:
-    from tests.helpers import review as make_review, trainjob as make_trainjob
+    from tests.helpers import review as make_review
+    from tests.helpers import trainjob as make_trainjob
 
     return make_review(make_trainjob("small", namespace=NS, runtime_name=name))
 

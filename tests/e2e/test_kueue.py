@@ -22,12 +22,32 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_our_webhooks, webhooks_swapped
-from tests.e2e.kueue import (JOB_REQUESTS, KUEUE_MANAGER, LOCAL_QUEUE, MUTATING, PRIORITY_LABEL, QUEUE_LABEL, Kueue,
-                             start_kueue)
+from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_our_webhooks, webhooks_swapped
+from tests.e2e.kueue import (
+    JOB_REQUESTS,
+    KUEUE_MANAGER,
+    LOCAL_QUEUE,
+    MUTATING,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    Kueue,
+    start_kueue,
+)
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
-from tests.e2e.test_node import (NS, PUBLISH, RUN_TIMEOUT, _runtimes, assert_complete, assert_only_our_mount,
-                                 _settings, dispatch_mounts, logs, node_pod, pods_of, start_trainer_on_node)
+from tests.e2e.test_node import (
+    NS,
+    PUBLISH,
+    RUN_TIMEOUT,
+    _runtimes,
+    _settings,
+    assert_complete,
+    assert_only_our_mount,
+    dispatch_mounts,
+    logs,
+    node_pod,
+    pods_of,
+    start_trainer_on_node,
+)
 from tests.helpers import MANAGER
 
 STATE = "/state"  # a hostPath directory where a preempted job's first run leaves a mark for its second
@@ -41,7 +61,7 @@ class KueueEnv:
     route1: Webhook
     route2: Webhook
     kueue: Kueue
-    watch: "Watch"
+    watch: Watch
     tmp: Path
 
 

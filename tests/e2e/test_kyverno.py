@@ -12,7 +12,7 @@ import contextlib
 import pytest
 
 from tests.e2e import fidelity, kyverno, toolchain
-from tests.e2e.conftest import Webhook, _LOGS, start_cluster
+from tests.e2e.conftest import _LOGS, Webhook, start_cluster
 from tests.helpers import EXAMPLES
 from tests.process import webhook_server
 

@@ -21,7 +21,7 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_our_webhooks, webhooks_swapped
+from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_our_webhooks, webhooks_swapped
 from tests.e2e.node import Images, NodeCluster, start_node_cluster
 from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
 from tests.helpers import EXAMPLES, MANAGER

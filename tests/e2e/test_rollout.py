@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook import api
-from webhook.files import load_settings
 from tests.e2e import toolchain
-from tests.e2e.conftest import webhooks_swapped, Webhook, _LOGS, start_cluster
+from tests.e2e.conftest import _LOGS, Webhook, start_cluster, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, ROOT, mount_patch, runtime, trainjob
 from tests.process import webhook_server
+from webhook import api
+from webhook.files import load_settings
 
 NS = "team-a"
 ROUTE1 = EXAMPLES / "settings" / "route1.json"

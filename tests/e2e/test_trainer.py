@@ -21,13 +21,13 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook import certs
-from webhook.files import load_settings as load
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, Webhook, _LOGS, start_cluster, start_our_webhooks, webhooks_swapped
+from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_cluster, start_our_webhooks, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, trainjob
 from tests.process import free_port, stop, webhook_server
+from webhook import certs
+from webhook.files import load_settings as load
 
 NS = "team-a"
 ROUTE1 = load(str(EXAMPLES / "settings" / "route1.json"))

@@ -18,9 +18,18 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import webhooks_swapped
-from tests.e2e.test_helm import helm  # noqa: F401  (the fixture)
-from tests.e2e.test_helm import (BASE, CHART, HELM_LABEL, NS, _certificate_controller, _sa_kubeconfig, merged, rendered,
-                                 run_helm)
+from tests.e2e.test_helm import (
+    BASE,
+    CHART,
+    HELM_LABEL,
+    NS,
+    _certificate_controller,
+    _sa_kubeconfig,
+    helm,  # noqa: F401  (the fixture)
+    merged,
+    rendered,
+    run_helm,
+)
 from tests.helpers import EXAMPLES, MANAGER, trainjob
 from tests.process import eventually, free_port, webhook_server
 

@@ -23,14 +23,13 @@ import time
 from dataclasses import dataclass
 
 import pytest
-import yaml
 
-from tests.e2e.conftest import ROUTE_LABEL, _LOGS, Webhook, webhooks_swapped
+from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, webhooks_swapped
 from tests.e2e.node import identity, kubeconfig_for
 from tests.e2e.test_node import NS, node_env, node_pod  # noqa: F401 - node_env: the module's node
 from tests.helpers import MANAGER, ROOT
 from tests.process import webhook_server
-from webhook.core.verify import VERIFY_MANAGER, PROBE_LABEL, TTL_ANNOTATION, probe_trainjob
+from webhook.core.verify import PROBE_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, probe_trainjob
 
 TOO_BIG = "torch-too-big"
 NEEDS_CONFIG = "torch-needs-config"  # mounts a ConfigMap that no namespace has

@@ -14,15 +14,15 @@ or leave a mark another test reads.
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
 
 import pytest
 
-from webhook import certs
-from webhook.connection import INLINE_LIMIT
 from tests.process import ROOT, free_port, stop, wait_https
 from tests.server.test_serve import read_response, tls_socket
+from webhook import certs
+from webhook.connection import INLINE_LIMIT
 
 APP = r'''
 import sys, threading, time

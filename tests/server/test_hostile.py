@@ -14,15 +14,16 @@ import time
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from webhook.core import patch
 from tests.bypass import cases, mount_patch
-from tests.unit.test_bypass import publish_mounts
 from tests.helpers import CREDS, EXAMPLES, ROUTE1, admission, mutated, review, trainjob
 from tests.process import webhook_server
 from tests.strategies import trainjobs
+from tests.unit.test_bypass import publish_mounts
+from webhook.core import patch
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]

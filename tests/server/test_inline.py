@@ -2,10 +2,10 @@
 
 import pytest
 
+from tests.helpers import admission, review, trainjob
 from webhook.blocking import NoBlocking, blocking_allowed
 from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import WouldBlock
-from tests.helpers import admission, review, trainjob
 
 
 class Source:

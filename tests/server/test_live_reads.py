@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from tests.helpers import runtime
 from webhook import live_reads
 from webhook.blocking import NoBlocking
 from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import Runtime, RuntimeUnavailable, WouldBlock
 from webhook.store import StoreReader, StoreWriter
-from tests.helpers import runtime
 
 KIND = "ClusterTrainingRuntime"
 

@@ -4,12 +4,12 @@ list and watch), judged at scrape time by the core's runtime rules with the sett
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.helpers import ROUTE1, ROUTE2, runtime, settings
+from tests.server.test_reflector import Script, StopReflector
 from webhook import metrics
 from webhook.cluster import ClusterRuntimes, Reflector
 from webhook.core.rules import runtime_facts
 from webhook.store import StoreReader, StoreWriter
-from tests.helpers import ROUTE1, ROUTE2, runtime, settings
-from tests.server.test_reflector import Script, StopReflector
 
 KIND = "ClusterTrainingRuntime"
 

@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from webhook import certs
 from tests.helpers import EXAMPLES, review, trainjob
 from tests.process import ROOT, free_port, stop, wait_https
+from webhook import certs
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]

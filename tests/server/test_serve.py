@@ -23,10 +23,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from webhook import certs
 from tests.helpers import EXAMPLES, review, runtime, trainjob
 from tests.process import ROOT, free_port, stop, webhook_server
 from tests.unit.test_certs import rotate_serving
+from webhook import certs
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
@@ -295,7 +295,7 @@ def _expired_pair(cert_dir):
     ca_key = serialization.load_pem_private_key((cert_dir / "ca.key").read_bytes(), None)
     ca_cert = x509.load_pem_x509_certificate((cert_dir / "ca.crt").read_bytes())
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder().subject_name(ca_cert.subject).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(days=2)).not_valid_after(now - dt.timedelta(days=1))

@@ -12,10 +12,10 @@ import time
 import pytest
 import requests
 
-from webhook import certs
 from tests.helpers import EXAMPLES, ROOT, review, trainjob
 from tests.process import eventually, webhook_server
 from tests.unit.test_certs import rotate_serving
+from webhook import certs
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]

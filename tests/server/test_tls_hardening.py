@@ -8,10 +8,10 @@ import ssl
 import pytest
 import requests
 
-from webhook import certs
 from tests.helpers import review, trainjob
 from tests.process import webhook_server
 from tests.server.test_server import RUNTIME_ARGS, SETTINGS
+from webhook import certs
 
 
 def _client_pair(tmp, ca_key, ca_cert, cn: str) -> tuple[str, str]:

@@ -4,11 +4,24 @@ import copy
 
 import pytest
 
+from tests.helpers import (
+    CREDS,
+    IMAGE,
+    MANAGER,
+    NOW_TEXT,
+    ROUTE2,
+    admission,
+    answer,
+    mutated,
+    ops_of,
+    pod_patch,
+    review,
+    runtime,
+    trainjob,
+)
 from webhook.core import patch
 from webhook.core.admission import BadReview
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (CREDS, IMAGE, MANAGER, NOW_TEXT, ROUTE2, admission, answer, mutated, ops_of, pod_patch,
-                           review, runtime, trainjob)
 
 
 def node_spec(entry, job=0):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from webhook import api
 from tests.helpers import IMAGE, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, review, runtime, stock_runtimes, trainjob
+from webhook import api
 
 TORCH = stock_runtimes().get("ClusterTrainingRuntime", "", "torch-distributed")
 

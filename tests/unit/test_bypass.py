@@ -2,10 +2,9 @@
 
 import pytest
 
-from webhook.core import paths
 from tests.bypass import cases
 from tests.helpers import CREDS, MANAGER, ROUTE1, admission, answer, mutated, ops_of, review
-from webhook.core import patch
+from webhook.core import patch, paths
 
 ADM = admission({**ROUTE1, **CREDS})
 CASES = cases(lambda job: mutated(ADM, job))

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -39,7 +38,7 @@ def test_a_fresh_pair_is_usable():
 def test_renewal_is_due_30_days_before_expiry():
     assert not certs.usable(files(days=29), NAMES)
     assert certs.usable(files(days=31), NAMES)
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=certs.SERVING_DAYS - 20)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=certs.SERVING_DAYS - 20)
     assert not certs.usable(files(), NAMES, now=later)
 
 
@@ -441,7 +440,7 @@ def test_a_ca_issues_only_with_its_own_key_and_while_it_outlives_a_serving_pair(
     other_key, _ = certs.make_ca()
     assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(ca), "ca.key": certs.pem_key(other_key)}) is None
     assert certs.secret.issuing_ca({"ca.crt": certs.pem_cert(ca)}) is None
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     short = (x509.CertificateBuilder().subject_name(ca.subject).issuer_name(ca.subject)
              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
              .not_valid_before(now).not_valid_after(now + dt.timedelta(days=certs.SERVING_DAYS - 1))

@@ -5,11 +5,26 @@ import json
 
 import pytest
 
-from webhook.core import errors, settings as settings_mod
+from tests.helpers import (
+    CREDS,
+    DIGEST,
+    MANAGER,
+    ROUTE1,
+    admission,
+    answer,
+    fields,
+    mount_patch,
+    mutated,
+    pod_patch,
+    review,
+    runtime,
+    stock_runtimes,
+    trainjob,
+)
+from webhook.core import errors
+from webhook.core import settings as settings_mod
 from webhook.core.errors import Denied
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (CREDS, DIGEST, MANAGER, ROUTE1, admission, answer, fields, mount_patch, mutated, ops_of,
-                           pod_patch, review, runtime, stock_runtimes, trainjob)
 
 
 def suspended_pre_webhook(**kw) -> dict:

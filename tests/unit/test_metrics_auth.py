@@ -14,6 +14,7 @@ from tests.fake_api import FakeAPI
 from webhook import metrics_auth
 from webhook.metrics_auth import ALLOWED_SECONDS, MetricsAuth
 
+
 @pytest.fixture
 def api():
     fake = FakeAPI()

@@ -2,12 +2,13 @@
 
 import copy
 
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from webhook.core import patch, paths
 from tests.helpers import CREDS, ROUTE1, ROUTE2, admission, answer, ops_of
 from tests.strategies import trainjobs
+from webhook.core import patch, paths
 
 SETTINGS = [ROUTE1, {**ROUTE1, **CREDS}, ROUTE2, CREDS, {}]
 ADMISSIONS = [admission(s) for s in SETTINGS]

@@ -2,14 +2,12 @@
 the code is there, and a rule switched off gives no reason anywhere (what the sweep relies on)."""
 
 import ast
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT, admission, answer, review, runtime, sentinels, stock_runtimes, trainjob
 from webhook.core import errors, registry
 from webhook.core.runtimes import RuntimeIndex
-from tests.helpers import (ROOT, admission, answer, review, runtime, sentinels, stock_runtimes,
-                           trainjob)
 
 CORE = ROOT / "webhook" / "core"
 LABELS = {r.id for r in registry.RULES} | {label for label, _ in registry.OTHER_LABELS}

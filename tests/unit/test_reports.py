@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from webhook.core import reports
 from webhook.core.audit import Finding, Verdict
 from webhook.core.errors import ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 S3 = Reason(ErrInvalid, "spec.trainer.env[0].name", "'DISPATCH_X': names starting with DISPATCH_ are reserved", "S3")
 R7 = Reason(ErrInvalid, "spec.trainer.env[1].name", "'PET_NNODES' is set by Trainer's torch plugin", "R7")
 

@@ -7,15 +7,28 @@ import json
 import pytest
 import yaml
 
+from tests.helpers import (
+    CREDS,
+    EXAMPLES,
+    MANAGER,
+    NOW,
+    ROUTE1,
+    ROUTE2,
+    mount_patch,
+    mutated,
+    pod_patch,
+    review,
+    runtime,
+    settings,
+    trainjob,
+)
+from tests.unit.test_hardening import Faulty
 from webhook import api
 from webhook import audit as audit_cmd
 from webhook.audit import Report
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.audit import CredentialSecrets, Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (EXAMPLES, CREDS, MANAGER, NOW, ROUTE1, ROUTE2, mount_patch, mutated, pod_patch, review,
-                           runtime, settings, stock_runtimes, trainjob)
-from tests.unit.test_hardening import Faulty
 
 
 def runtimes() -> RuntimeIndex:

@@ -3,9 +3,22 @@
 import pytest
 import yaml
 
+from tests.helpers import (
+    CREDS,
+    IMAGE,
+    MANAGER,
+    ROUTE1,
+    ROUTE2,
+    admission,
+    answer,
+    fields,
+    mount_patch,
+    pod_patch,
+    runtime,
+    sentinels,
+    trainjob,
+)
 from webhook.core.runtimes import RuntimeIndex
-from tests.helpers import (CREDS, IMAGE, MANAGER, ROUTE1, ROUTE2, admission, answer, fields, mount_patch,
-                           pod_patch, runtime, sentinels, trainjob)
 
 
 def denied(resp, code, sentinel):
@@ -395,10 +408,11 @@ def test_a_runtime_is_taken_as_what_the_rules_read_of_it():
     """Sources keep a `Runtime` (names and the mounts under /opt/dispatch), never the object: every rule
     reads the same of it, and a huge runtime is not held whole (R5: too large to check)."""
     import yaml
-    from webhook.core.runtimes import MAX_NAMES, Runtime
-    from webhook.core.rules import runtime_facts
-    from tests.helpers import EXAMPLES, runtime, settings
+
     from tests.e2e import toolchain
+    from tests.helpers import EXAMPLES, runtime, settings
+    from webhook.core.rules import runtime_facts
+    from webhook.core.runtimes import MAX_NAMES, Runtime
 
     found = [d for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     # Trainer's stock runtimes too (the Go module `make test` downloads before the tests run).

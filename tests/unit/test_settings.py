@@ -3,10 +3,10 @@ import json
 import jsonschema
 import pytest
 
+from tests.helpers import EXAMPLES, IMAGE
 from webhook.core import settings as s
-from webhook.files import load_settings
 from webhook.core.errors import Denied, ErrInvalid
-from tests.helpers import IMAGE, EXAMPLES
+from webhook.files import load_settings
 
 HEX = "b" * 64
 

@@ -2,12 +2,13 @@
 
 import json
 
-from hypothesis import given, settings as hsettings
+from hypothesis import given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from tests.helpers import IMAGE
 from webhook.core import settings as s
 from webhook.core.errors import Denied, ErrInvalid
-from tests.helpers import IMAGE
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),

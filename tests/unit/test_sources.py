@@ -8,14 +8,14 @@ import logging
 
 import pytest
 
+from tests.helpers import EXAMPLES, IMAGE, ROUTE1, answer, mutated, runtime, settings, trainjob
+from tests.unit.test_updates import Clock, Runtimes
 from webhook import metrics, server
 from webhook.cli import main, parser
 from webhook.core import images, sources
 from webhook.core.admission import Admission
 from webhook.core.errors import Denied
 from webhook.live_settings import LiveSettings, fixed_repositories, switch_line
-from tests.helpers import EXAMPLES, IMAGE, ROUTE1, answer, mutated, runtime, settings, trainjob
-from tests.unit.test_updates import Clock, Runtimes
 
 REPO = IMAGE.split("@")[0]
 MOVED = REPO + "@sha256:" + "b" * 64

@@ -7,8 +7,7 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.helpers import pod_patch, runtime, trainjob
-from tests.trainer_pods import (CLAIMS, RUNTIME, TRAINER_ENV, Collision, added_by, build_pods, collisions_with,
-                                missing)
+from tests.trainer_pods import CLAIMS, RUNTIME, TRAINER_ENV, Collision, added_by, build_pods, collisions_with, missing
 
 OURS = "dispatch.go.phpboyscout.uk/publish"
 

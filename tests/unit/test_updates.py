@@ -13,11 +13,24 @@ import copy
 
 import pytest
 
+from tests.helpers import (
+    IMAGE,
+    MANAGER,
+    NOW,
+    ROUTE1,
+    answer,
+    fields,
+    mount_patch,
+    mutated,
+    ops_of,
+    runtime,
+    sentinels,
+    settings,
+    trainjob,
+)
 from webhook.core import patch
 from webhook.core.admission import PREVIOUS_SETTINGS_GRACE, Admission
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
-from tests.helpers import (IMAGE, MANAGER, NOW, ROUTE1, answer, fields, mount_patch, mutated, ops_of, runtime,
-                           sentinels, settings, trainjob)
 
 KUEUE = "kueue.x-k8s.io/manager"
 OTHER_IMAGE = "registry.example/publish@sha256:" + "c" * 64

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -19,7 +19,7 @@ from webhook.core import verify as v
 from webhook.core import verify_cleanup as c
 from webhook.core.settings import parse
 
-NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 DATE = "Wed, 02 Dec 2026 10:00:00 GMT"  # NOW as the API server's Date header says it
 
 
@@ -51,7 +51,7 @@ def test_expiry_is_creation_plus_ttl_on_the_servers_clock():
     assert c.server_now(DATE) == NOW
     assert c.server_now("garbage") is None and c.server_now(None) is None
     [young] = c.leftovers([probe(created="2026-12-02T09:40:00Z", ttl="1800")], NOW)
-    assert not young.expired and young.expires == datetime(2026, 12, 2, 10, 10, tzinfo=timezone.utc)
+    assert not young.expired and young.expires == datetime(2026, 12, 2, 10, 10, tzinfo=UTC)
     [old] = c.leftovers([probe(created="2026-12-02T09:30:00Z", ttl="1800")], NOW)
     assert old.expired, "expires exactly now"
     assert (old.namespace, old.name, old.uid, old.run) == ("ns", "verify-aaaaaa", "uid-verify-aaaaaa", "run1")

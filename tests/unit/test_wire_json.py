@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.core.patch import _json_equal
-from webhook.server import _dumps, _loads
 from tests.helpers import admission, review, trainjob
 from tests.strategies import trainjobs
+from webhook.core.patch import _json_equal
+from webhook.server import _dumps, _loads
 
 INT64 = 2 ** 63
 

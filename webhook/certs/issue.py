@@ -31,7 +31,7 @@ def _name(cn: str) -> x509.Name:
 
 def make_ca(cn: str = "dispatch-admission CA") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(cn)).issuer_name(_name(cn))
@@ -53,7 +53,7 @@ def make_leaf(ca_key, ca_cert: x509.Certificate, names: list[str], client: bool 
               days: int = SERVING_DAYS) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A serving certificate for `names` (DNS names or IP addresses), or a client certificate."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     sans: list[x509.GeneralName] = []
     for n in names:
         try:

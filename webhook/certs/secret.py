@@ -27,7 +27,7 @@ def _decode_secret(data: dict | None) -> dict[str, bytes]:
 
 def usable(files: dict[str, bytes], names: list[str], now: dt.datetime | None = None) -> bool:
     """Whether a Secret's pair can be served: all four files, matching, covering `names`, not expiring soon."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     if not all(files.get(f) for f in FILES):
         return False
     try:
@@ -52,7 +52,7 @@ def new_files(old: dict[str, bytes], names: list[str]) -> dict[str, bytes]:
     try:
         ca_cert = x509.load_pem_x509_certificate(old["ca.crt"])
         ca_key = serialization.load_pem_private_key(old["ca.key"], None)
-        if ca_cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=SERVING_DAYS):
+        if ca_cert.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=SERVING_DAYS):
             raise ValueError("CA expires too soon")
     except (KeyError, ValueError, TypeError):
         ca_key, ca_cert = make_ca()
@@ -195,7 +195,7 @@ def issuing_ca(files: dict[str, bytes]) -> dict[str, bytes] | None:
         return None
     if key.public_key().public_numbers() != cert.public_key().public_numbers():
         return None
-    if cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=SERVING_DAYS):
+    if cert.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=SERVING_DAYS):
         return None
     return {"ca.crt": files["ca.crt"], "ca.key": files["ca.key"]}
 

@@ -19,21 +19,29 @@ import logging
 import re
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum
 from functools import lru_cache
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from . import patch, rules
-from .errors import (RULE_INTERNAL, RULE_UNAVAILABLE, RULE_UPDATE, ErrInternal, ErrInvalid, ErrUnavailable, Reason,
-                     Reasons, primary)
+from .errors import (
+    RULE_INTERNAL,
+    RULE_UNAVAILABLE,
+    RULE_UPDATE,
+    ErrInternal,
+    ErrInvalid,
+    ErrUnavailable,
+    Reason,
+    Reasons,
+    primary,
+)
 from .patch import Entry, Op
-from .review import (AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_reason,
-                     short_text)
+from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_reason, short_text
 from .rules import Own, RuntimeFacts
-from .runtimes import (GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable,
-                       WouldBlock)
+from .runtimes import GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
@@ -408,7 +416,7 @@ class Admission:
     """
 
     def __init__(self, settings: Settings, runtimes: RuntimeSource,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  enforcement: Enforcement = Enforcement.ENFORCE,
                  refresh: Callable[[], Settings | None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic, grace: float = PREVIOUS_SETTINGS_GRACE):

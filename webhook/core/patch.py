@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable, Iterable
+from datetime import UTC, datetime
 
 import jsonpatch
 from jsonpointer import JsonPointer
@@ -27,13 +27,13 @@ RUNTIME_PATCHES = ("spec", "runtimePatches")
 
 def rfc3339(moment: datetime) -> str:
     """As Kubernetes writes a metav1.Time: UTC, to the second, with a Z."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Clock:
     """The admission time as text, formatted at most once a second (it is on every review's path)."""
 
-    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)):
         self.now = now
         self._last: tuple[int, str] = (-1, "")
 
@@ -87,7 +87,7 @@ class Entry:
     _content: dict = field(repr=False, compare=False)
 
     @classmethod
-    def build(cls, settings: Settings, targets: Iterable[str]) -> "Entry":
+    def build(cls, settings: Settings, targets: Iterable[str]) -> Entry:
         content = _content(settings, targets)
         return cls(settings.manager, json.dumps(content), content)
 

@@ -11,8 +11,8 @@ MAX_MESSAGE characters; the summary counts every result, kept or not. Nothing he
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
 from .audit import Finding, Verdict
 from .errors import ErrInternal, ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
@@ -43,7 +43,7 @@ class ReportBuilder:
 
     def __init__(self, namespace: str, now: datetime | None = None):
         self.namespace = namespace
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         self.timestamp = {"seconds": int(now.timestamp()), "nanos": 0}
         self.summary = {status: 0 for status in ("pass", "fail", "warn", "error", "skip")}
         self._kept: dict[str, list[dict]] = {status: [] for status in ORDER}

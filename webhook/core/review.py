@@ -9,7 +9,8 @@ and a Status built from the error table).
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, TypedDict
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
 from . import errors, patch
 

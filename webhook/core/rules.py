@@ -9,8 +9,9 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from . import paths
 from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reason, Reasons, Sentinel

@@ -19,8 +19,9 @@ from __future__ import annotations
 import marshal
 import threading
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from . import paths
 
@@ -73,7 +74,7 @@ class Job:
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
 # share their jobs instead of holding a copy each.
-_JOBS: "weakref.WeakValueDictionary[Job, Job]" = weakref.WeakValueDictionary()
+_JOBS: weakref.WeakValueDictionary[Job, Job] = weakref.WeakValueDictionary()
 _JOBS_LOCK = threading.Lock()
 
 
@@ -134,7 +135,7 @@ class Runtime:
         return f"{self.kind} {where}{self.name}"
 
     @classmethod
-    def of(cls, obj: Any, kind: str | None = None) -> "Runtime":
+    def of(cls, obj: Any, kind: str | None = None) -> Runtime:
         """Take a runtime object (as the API or a file gives it; `kind` where a list item omits its own).
         Stray shapes are read as absent, as the rules would find nothing in them."""
         if isinstance(obj, Runtime):
@@ -160,7 +161,7 @@ class Runtime:
              self.oversize))
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Runtime":
+    def from_bytes(cls, raw: bytes) -> Runtime:
         version, _, body = bytes(raw).partition(b"\0")
         kind, namespace, name, policies, jobs, claims, ssh_path, oversize = marshal.loads(body)
         return cls(kind, namespace, name, version.decode(), frozenset(policies),

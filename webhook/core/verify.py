@@ -11,13 +11,13 @@ is on the node), `started` (the node container's process exists), `ran` (it exit
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
 
 from . import paths
 from . import verify_causes as causes
-from .patch import Entry, PUBLISH_DEST_ENV, entry_pod_specs, entry_secrets
+from .patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
 from .rules import NODE_CONTAINER, RuntimeFacts
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 

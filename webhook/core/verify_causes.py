@@ -21,8 +21,8 @@ A cluster that grows on demand says so on the pod (cluster-autoscaler's `Trigger
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 SECRET_MISSING = "secret-missing"
 CONFIGMAP_MISSING = "configmap-missing"

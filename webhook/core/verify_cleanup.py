@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 from .verify import PROBE_LABEL, RUN_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, find_entry
@@ -46,7 +46,7 @@ def server_now(date_header: str | None) -> datetime | None:
         moment = parsedate_to_datetime(date_header or "")
     except (TypeError, ValueError, IndexError):
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _created(obj: dict) -> datetime | None:
@@ -55,7 +55,7 @@ def _created(obj: dict) -> datetime | None:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def ttl_of(obj: dict) -> int:
