@@ -34,7 +34,7 @@ from tests.helpers import (  # noqa: E402
     trainjob,
 )
 from tests.process import free_port, stop, wait_https  # noqa: E402
-from webhook import certs
+from webhook import certs  # noqa: E402
 from webhook.core.runtimes import RuntimeIndex  # noqa: E402
 
 
@@ -208,8 +208,8 @@ def api_calls(reviews: int) -> list[str]:
 
             def calls() -> float:
                 text = s.get(url + "/metrics", verify=ca, timeout=5).text
-                return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-                           if l.startswith("dispatch_admission_api_requests_total{"))
+                return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                           if ln.startswith("dispatch_admission_api_requests_total{"))
 
             for _ in range(50):  # warm-up: every worker has listed and watched
                 s.post(url + "/mutate", data=body, headers={"Content-Type": "application/json"}, verify=ca)

@@ -215,7 +215,7 @@ class StoreReader:
         return sum(1 for _ in self.items())
 
     def __iter__(self) -> Iterator[Runtime]:
-        for k, v in self.items():
+        for _, v in self.items():
             yield Runtime.from_bytes(v)
 
 

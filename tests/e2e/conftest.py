@@ -125,7 +125,7 @@ def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: 
     settings files (the examples' route1.json and route2.json unless given)."""
     hooks = []
     files = settings or (EXAMPLES / "settings" / "route1.json", EXAMPLES / "settings" / "route2.json")
-    for name, path in zip(("route1", "route2"), files):
+    for name, path in zip(("route1", "route2"), files, strict=True):
         url, ca, log, proc = stack.enter_context(webhook_server(
             tmp / name, "--settings", str(path), "--kubeconfig", cluster.kubeconfig,
             "--runtime-metric-labels",  # per-runtime readiness series: test_rollout reads them (off by default)
@@ -162,6 +162,12 @@ def start_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path], suff
     cluster.install_crds(crds)
     cluster.kubectl("create", "namespace", "team-a")
     return cluster
+
+
+@pytest.fixture(scope="module")
+def helm():
+    """The helm binary (test_helm, test_chart_trust and test_trust)."""
+    return str(toolchain.helm_bin() / "helm")
 
 
 @pytest.fixture(scope="session")

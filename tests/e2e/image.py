@@ -659,7 +659,7 @@ def layer_sizes(registry: Registry, ref: str) -> list[tuple[str, int, int]]:
                 total += len(inflate.decompress(chunk))
             total += len(inflate.flush())
         else:
-            total = sum(len(c) for c in iter(lambda: blob.stdout.read(1 << 20), b""))
+            total = sum(len(c) for c in iter(lambda blob=blob: blob.stdout.read(1 << 20), b""))
         if blob.wait() != 0:
             raise RuntimeError(f"crane blob {layer['digest']} failed")
         sizes.append((layer["digest"], layer["size"], total))

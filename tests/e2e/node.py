@@ -150,7 +150,7 @@ def _cgroup_roots() -> list[Path]:
 
 def _rmdir_cgroup(top: Path) -> list[str]:
     problems = []
-    for dirpath, dirnames, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+    for dirpath, _dirnames, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
         try:
             os.rmdir(dirpath)
         except OSError as e:
@@ -333,7 +333,7 @@ class Node:
                 return
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"another e2e node holds {LOCK}")
+                    raise RuntimeError(f"another e2e node holds {LOCK}") from None
                 time.sleep(2)
 
     def start_network(self) -> None:

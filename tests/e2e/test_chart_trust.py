@@ -11,7 +11,6 @@ from tests.e2e.test_helm import (
     FULL,
     NS,
     args_of,
-    helm,  # noqa: F401  (the fixture)
     merged,
     rendered,
     template,

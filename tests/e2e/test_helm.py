@@ -27,7 +27,6 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.e2e import toolchain
 from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
 from tests.process import eventually, free_port, stop, webhook_server
 from webhook.core import images
@@ -76,11 +75,6 @@ def _merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else copy.deepcopy(v)
     return out
-
-
-@pytest.fixture(scope="module")
-def helm():
-    return str(toolchain.helm_bin() / "helm")
 
 
 def run_helm(helm, *args, values: dict | None = None, tmp=None, check=True, kubeconfig=None):

@@ -349,7 +349,7 @@ def test_the_provenance_attestation_names_the_dockerfile_build_of_this_image(bui
     materials = [m["uri"] for m in build["resolvedDependencies"]]
     assert predicate["runDetails"]["metadata"]["buildkit_completeness"]["request"] is True
     # mode=max: the build's arguments, and both bases it was built from, by digest.
-    for name, base in zip(("BUILD_BASE", "RUNTIME_BASE"), image_mod.push_bases(built.registry)):
+    for name, base in zip(("BUILD_BASE", "RUNTIME_BASE"), image_mod.push_bases(built.registry), strict=True):
         assert args[f"build-arg:{name}"] == base
         repo, digest = base.split("@")
         assert any(repo.split("/", 1)[1] in uri and digest in uri for uri in materials), (base, materials)

@@ -1006,7 +1006,7 @@ def test_one_tenant_cannot_stop_admission(inst):
             c.apply(doc)
         cgroups = {f"{n}/{ctr}": memory_cgroup(inst, n, ctr) for n in names for ctr in ("webhook", "runtime-keeper")}
         peaks = MemoryPeaks(cgroups)
-        before = {n: scrape(p, token) for n, p in zip(names, pods)}
+        before = {n: scrape(p, token) for n, p in zip(names, pods, strict=True)}
         service = c.get("service", FULL, RNS)["spec"]["clusterIP"]
         path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{HOSTILE_NS}/trainingruntimes"
         created: list[int] = []
@@ -1059,14 +1059,14 @@ def test_one_tenant_cannot_stop_admission(inst):
                                > HOSTILE_RUNTIMES for p in pods), "each keeper's watch brings every runtime",
                    timeout=180, every=5)
         caught_up = time.monotonic() - flood_ended
-        after = {n: scrape(p, token) for n, p in zip(names, inst.pods())}
+        after = {n: scrape(p, token) for n, p in zip(names, inst.pods(), strict=False)}
         flood = json.loads(c.kubectl("logs", "flood", "-n", HOSTILE_NS).stdout.strip().splitlines()[-1])
         figures = summarise("hostile", results)
         report = {"tenant B creates": figures["creates"], "failed": figures["failed"], "p50 ms": figures["p50_ms"],
                   "p99 ms": figures["p99_ms"], "runtimes created": len(created),
                   "runtimes created in s": round(created_in), "caches complete s after the flood": round(caught_up),
                   "patches": patches[0], "flood": flood, "pods": {}}
-        for n, pod in zip(names, inst.pods()):
+        for n, pod in zip(names, inst.pods(), strict=False):
             statuses = {s["name"]: s for s in pod["status"].get("containerStatuses", []) +
                         pod["status"].get("initContainerStatuses", [])}
             gets = total(after[n], "dispatch_admission_api_requests_total", verb="get") - \
@@ -1089,7 +1089,7 @@ def test_one_tenant_cannot_stop_admission(inst):
         print(f"\nhostile tenant: {json.dumps(report, indent=1)}")
         assert figures["failed"] == 0 and figures["unpatched"] == 0, figures["failures"]
         limit = values.get("runtimeKeeper", {}).get("liveReads", {}).get("perSecond", 10)
-        for n, got in report["pods"].items():
+        for got in report["pods"].values():
             assert got["serving restarts"] == 0 and got["oom kills"] == {"webhook": "0", "runtime-keeper": "0"}, got
             assert got["keeper peak working set MiB"] < got["keeper limit MiB"], got
             assert got["live GETs/s"] <= limit * 1.2, got
@@ -1150,7 +1150,7 @@ def each_runtime(c: ControlPlane, method: str, items, ok: tuple[int, ...]) -> No
 def memory_cgroup(inst, pod: str, container: str = "webhook") -> Path:
     """A container's memory cgroup (cgroup v1 on this node)."""
     pid = container_pid(inst, pod, container)
-    line = next(l for l in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in l)
+    line = next(ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in ln)
     return Path("/sys/fs/cgroup/memory") / line.split(":", 2)[2].lstrip("/")
 
 

@@ -341,7 +341,7 @@ def test_preempted_job_whose_runtime_was_edited_or_deleted(kueue_env):
         runtime, low = f"torch-{case}", f"k-low-{case}"
         c.apply(state_runtime(env.images, runtime, state))
         create(c, queued(low, preemptible(low), "low", runtime=runtime, namespaced=True))
-        poll(f"{low} running", lambda: running_pods(c, low))
+        poll(f"{low} running", lambda low=low: running_pods(c, low))
         if change == "edit":
             doc = c.get("trainingruntime", runtime, NS)
             node_pod(doc)["volumes"].append({"name": "dispatch-publish", "emptyDir": {}})
@@ -350,7 +350,7 @@ def test_preempted_job_whose_runtime_was_edited_or_deleted(kueue_env):
             c.kubectl("delete", "trainingruntime", runtime, "-n", NS, "--wait=false")
             c.kubectl("patch", "trainingruntime", runtime, "-n", NS, "--type=merge", "-p",
                       '{"metadata": {"finalizers": null}}', check=False)
-            poll(f"{runtime} gone", lambda: c.get("trainingruntime", runtime, NS) is None, 30)
+            poll(f"{runtime} gone", lambda runtime=runtime: c.get("trainingruntime", runtime, NS) is None, 30)
         if change == "edit":
             preempt(env, low, f"k-high-{case}")
             assert suspends(env.watch.versions(low))[:3] == [True, False, True], "the suspend was admitted"
@@ -361,7 +361,7 @@ def test_preempted_job_whose_runtime_was_edited_or_deleted(kueue_env):
             # comes. A suspend made by hand is refused by Kueue's and Trainer's validating webhooks (both read the
             # runtime on every update), not by ours: ours admits it (SPEC 6.3), and says nothing.
             create(c, queued(f"k-high-{case}", [PUBLISH, f"k-high-{case}"], "high"))
-            poll("Kueue waiting on the preemption", lambda: any(
+            poll("Kueue waiting on the preemption", lambda case=case: any(
                 "Pending the preemption" in m for m in workload_events(c, "Pending", f"k-high-{case}")), 60)
             time.sleep(5)  # what Kueue does meanwhile, for the report (not a wait for a condition)
             assert c.get("trainjob", low, NS)["spec"].get("suspend") is False, "Kueue suspended it after all"

@@ -51,7 +51,7 @@ def _settings(tmp: Path, images: Images) -> tuple[Path, Path]:
               "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": CREDS_PATH}]}
     route2 = {**base, "publish": {"image": images.publish, "via": "initContainer", "initContainer": "dispatch-publish"}}
     paths = tmp / "route1.json", tmp / "route2.json"
-    for path, doc in zip(paths, (route1, route2)):
+    for path, doc in zip(paths, (route1, route2), strict=True):
         path.write_text(json.dumps(doc, indent=2))
     return paths
 

@@ -58,7 +58,7 @@ def test_one_list_and_one_watch_per_kind_whatever_the_workers(env, tmp_path):
         size = hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
         for kind in KINDS:
             assert hook.metric(REQUESTS, verb="list", kind=kind) == 1, f"{kind}: one list for the pod, not one a worker"
-            eventually(lambda: hook.metric(REQUESTS, verb="watch", kind=kind), "the keeper's state written (each second)")
+            eventually(lambda kind=kind: hook.metric(REQUESTS, verb="watch", kind=kind), "the keeper's state written (each second)")
             assert hook.metric(REQUESTS, verb="watch", kind=kind) == 1, f"{kind}: one watch for the pod"
         add_runtime(env, "cache-shared-new")
         eventually(lambda: hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")

@@ -25,7 +25,6 @@ from tests.e2e.test_helm import (
     NS,
     _certificate_controller,
     _sa_kubeconfig,
-    helm,  # noqa: F401  (the fixture)
     merged,
     rendered,
     run_helm,

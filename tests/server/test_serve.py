@@ -347,7 +347,7 @@ def test_warn_mode_counts_and_logs_what_enforce_would_deny(tmp_path):
         counted = wait_for(lambda: samples(get(f"http://127.0.0.1:{metrics_port}/metrics")[1],
                                            "dispatch_admission_would_deny_total"))
         assert counted and all(value == 1 for _, value in counted)
-        line = wait_for(lambda: next((json.loads(l) for l in log.read_text().splitlines() if '"warned-1"' in l), None))
+        line = wait_for(lambda: next((json.loads(ln) for ln in log.read_text().splitlines() if '"warned-1"' in ln), None))
         assert line and line["allowed"] is True
         assert sorted((w["sentinel"], w["rule"]) for w in line["would_deny"]) == sorted(
             (labels["sentinel"], labels["rule"]) for labels, _ in counted)
@@ -368,7 +368,7 @@ def test_runtimes_path_warns_and_allows(ops):
 # ---- gunicorn's own configuration ----
 
 def _started_line(log) -> dict:
-    return next(json.loads(l) for l in log.read_text().splitlines() if '"msg": "starting"' in l)
+    return next(json.loads(ln) for ln in log.read_text().splitlines() if '"msg": "starting"' in ln)
 
 
 def _workers(pid: int) -> int:

@@ -121,7 +121,7 @@ def test_one_log_line_per_review(server):
     post(server, "/mutate", review(trainjob(), uid="log-me-1"))
     eventually(lambda: '"log-me-1"' in log.read_text(), "the review was not logged")
     time.sleep(0.3)  # and no second line comes
-    lines = [json.loads(l) for l in log.read_text().splitlines() if '"log-me-1"' in l]
+    lines = [json.loads(ln) for ln in log.read_text().splitlines() if '"log-me-1"' in ln]
     assert len(lines) == 1
     assert {"uid", "namespace", "name", "operation", "allowed", "sentinel", "ms"} <= set(lines[0])
 

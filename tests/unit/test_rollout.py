@@ -124,7 +124,7 @@ def test_spec_8_1_warn_admits_unchanged_and_tells(rule, verb):
     # SPEC 8.1: in warn, /validate does not blame a bypass (S5) for the entry /mutate left out on purpose.
     expected = [r for r in enforced.reasons if r.rule != "S5" or len(enforced.reasons) == 1]
     assert len(told) == len(expected)
-    for reason, w in zip(expected, told):
+    for reason, w in zip(expected, told, strict=True):
         field = reason.field.partition(".trainingRuntimeSpec")[0]
         assert w.startswith(f"would deny: {reason.sentinel.name}: {field}") and len(w) <= 120
     if verb == "validate":  # counted once per cause, on the validating endpoint only

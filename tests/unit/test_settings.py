@@ -125,7 +125,7 @@ def test_paths_beside_trainers_plugin_paths_are_accepted(path):
 
 @pytest.mark.parametrize("text,fragment", [
     ('{"manager": "a.io/x", "manager": "b.io/y"}', "duplicate key"),
-    ('{"publish": {"image": "%s", "image": "%s"}}' % (IMAGE, IMAGE), "duplicate key"),
+    (f'{{"publish": {{"image": "{IMAGE}", "image": "{IMAGE}"}}}}', "duplicate key"),
     ('{"credentials": [{"name": "a", "name": "b", "secret": "s", "mountPath": "/a"}]}', "duplicate key"),
     ('{} {}', "trailing data"),
     ('{}x', "trailing data"),

@@ -103,7 +103,7 @@ def write_dev_pair(out: Path, names: list[str], force: bool = False) -> list[Pat
     ca_key, ca_cert = make_ca()
     key, cert = make_leaf(ca_key, ca_cert, names)
     for path, data, private in zip(targets, (pem_cert(ca_cert), pem_key(ca_key), pem_cert(cert), pem_key(key)),
-                                   (False, True, False, True)):
+                                   (False, True, False, True), strict=True):
         write_file(path, data, private)
     return targets
 

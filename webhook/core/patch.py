@@ -142,7 +142,7 @@ def _json_equal(a, b) -> bool:
     if isinstance(a, dict):
         return all(_json_equal(v, b[k]) for k, v in a.items())
     if isinstance(a, list):
-        return all(_json_equal(x, y) for x, y in zip(a, b))
+        return all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
     return True  # equal scalars of one type (== already held)
 
 

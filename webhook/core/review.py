@@ -80,7 +80,7 @@ def warning(text: str) -> str:
     return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
 
 
-_QUOTED = re.compile(r"'([^']{%d,})'" % (LONG_NAME + 1))
+_QUOTED = re.compile(rf"'([^']{{{LONG_NAME + 1},}})'")
 # A field inside a runtimePatches entry repeats the path to the pod spec: kept to the job and what follows.
 _POD_PATH = re.compile(r"\.trainingRuntimeSpec\.template\.spec\.(replicatedJobs\[\d+\])\.template\.spec\.template\.spec\.")
 

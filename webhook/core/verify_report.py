@@ -78,7 +78,7 @@ def render_table(probes: list[Probe], deleted: bool = True) -> str:
         notes.append(extra)
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{rows[0][0]:<{widths[0]}}  {rows[0][1]:<{widths[1]}}  {rows[0][2]:<{widths[2]}}  {rows[0][3]}"]
-    for row, extra in zip(rows[1:], notes):
+    for row, extra in zip(rows[1:], notes, strict=True):
         lines.append(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
         lines += [f"    {x}" for x in extra]
     lines.append(verdict(probes, deleted))
