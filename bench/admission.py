@@ -88,7 +88,8 @@ def core_table(budget: float) -> list[str]:
     base = stock_runtimes()
     for n in (1, 100, 10_000):
         index = RuntimeIndex(list(base) +
-                             [runtime(name=f"rt-{i}", kind="TrainingRuntime", namespace=f"ns-{i % 50}") for i in range(n)])
+                             [runtime(name=f"rt-{i}", kind="TrainingRuntime",
+                                      namespace=f"ns-{i % 50}") for i in range(n)])
         adm = admission(ROUTE1 | CREDS, runtimes=index)
         rows.append(f"| {n:,} | {per_review_us(adm, review(trainjob()), 'mutate', budget):.0f} |")
     return rows
@@ -164,7 +165,8 @@ def server_table(seconds: int, levels: list[int]) -> list[str]:
     except BaseException:
         stop(ours)
         raise
-    rows = ["| connections | app | requests/s | p50 ms | p90 ms | p99 ms | errors | throughput vs baseline | p99 vs baseline |",
+    rows = ["| connections | app | requests/s | p50 ms | p90 ms | p99 ms | errors | throughput vs baseline "
+            "| p99 vs baseline |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         for c in levels:
@@ -177,8 +179,10 @@ def server_table(seconds: int, levels: list[int]) -> list[str]:
                 rounds["baseline"].append(run_wrk(wrk, f"https://127.0.0.1:{base_port}/mutate", script, c, seconds))
                 rounds["ours"].append(run_wrk(wrk, f"https://127.0.0.1:{ours_port}/mutate", script, c, seconds))
             a, b = (median_of(rounds[k]) for k in ("baseline", "ours"))
-            rows.append(f"| {c} | baseline | {a['rps']:.0f} | {a['p50']:.2f} | {a['p90']:.2f} | {a['p99']:.2f} | {a['errors']} | | |")
-            rows.append(f"| {c} | dispatch-admission | {b['rps']:.0f} | {b['p50']:.2f} | {b['p90']:.2f} | {b['p99']:.2f} |"
+            rows.append(f"| {c} | baseline | {a['rps']:.0f} | {a['p50']:.2f} | {a['p90']:.2f} | {a['p99']:.2f} |"
+                        f" {a['errors']} | | |")
+            rows.append(f"| {c} | dispatch-admission | {b['rps']:.0f} | {b['p50']:.2f} | {b['p90']:.2f} |"
+                        f" {b['p99']:.2f} |"
                         f" {b['errors']} | {b['rps'] / a['rps']:.0%} | {b['p99'] / a['p99']:.2f}× |")
     finally:
         stop(ours)
@@ -202,7 +206,8 @@ def api_calls(reviews: int) -> list[str]:
         cluster.install_crds(toolchain.trainer_crds())
         cluster.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "torch-distributed.yaml"))
         with webhook_server(tmp / "hook", "--settings", str(EXAMPLES / "settings" / "route1.json"),
-                            "--kubeconfig", cluster.kubeconfig, env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, _, _):
+                            "--kubeconfig", cluster.kubeconfig,
+                            env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, _, _):
             s = requests.Session()
             body = json.dumps(review(trainjob()))
 
@@ -243,7 +248,8 @@ def main() -> int:
         from webhook.gunicorn_config import DEFAULTS
 
         tuned = os.environ.get("GUNICORN_CMD_ARGS")
-        shape = f"GUNICORN_CMD_ARGS={tuned!r}" if tuned else f"{DEFAULTS['workers']} workers, {DEFAULTS['threads']} app threads each"
+        shape = (f"GUNICORN_CMD_ARGS={tuned!r}" if tuned
+                 else f"{DEFAULTS['workers']} workers, {DEFAULTS['threads']} app threads each")
         print(f"## 2. Server over TLS (gunicorn, webhook.worker.Worker, {shape}), wrk on the same machine: median of"
               f" {ROUNDS} alternating {seconds} s runs per app and level\n")
         print("\n".join(server_table(seconds, [int(n) for n in args.levels.split(",")])) + "\n")

@@ -45,7 +45,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--bind", required=True)
     p.add_argument("--cert-dir", required=True)
-    p.add_argument("--workers", type=int, default=None, help="default: gunicorn's configuration (GUNICORN_CMD_ARGS), else 2")
+    p.add_argument("--workers", type=int, default=None,
+                   help="default: gunicorn's configuration (GUNICORN_CMD_ARGS), else 2")
     p.add_argument("--patch", help="a JSONPatch file to answer every review with (none: no patch)")
     args = p.parse_args()
     patch = Path(args.patch).read_bytes() if args.patch else None

@@ -118,7 +118,8 @@ def _proc_mib(path: str, field: str) -> float:
 
 def worker_rss_mib(pid: int) -> list[float]:
     """Resident memory of each child of the serve process: the runtime keeper (started first), then the workers."""
-    return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in children]
 
 
 def pod_pss_mib(pid: int) -> float:
@@ -208,7 +209,8 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
                 d, trainers = delta(before, after, FLOOR_HOOKS[name]), delta(before, after, TRAINERS["mutate"])
                 ratios[name, level] = d["mean_ms"] / trainers["mean_ms"]
                 rows.append(f"| {level} | {label} | {d['count']:.0f} | {d['mean_ms']:.2f} | "
-                            f"{d['under'].get('0.005', 0):.0%} | {trainers['mean_ms']:.2f} | {ratios[name, level]:.2f}× |")
+                            f"{d['under'].get('0.005', 0):.0%} | {trainers['mean_ms']:.2f} | "
+                            f"{ratios[name, level]:.2f}× |")
     rows += ["", "A webhook that answers our patch and does nothing else is "
              + ", ".join(f"{ratios['go-patch', level]:.2f}× the defaulter at {level}" for level in levels)
              + ": the best any webhook that adds the entry can score in section 1 (phases differ: read each "
@@ -240,7 +242,8 @@ def make_runtimes(custom, start: int, stop: int) -> None:
         list(pool.map(make, range(start, stop)))
 
 
-def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], float, int]:
+def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tuple[float, float, list[float], float,
+                                                                                  int]:
     """Bring the cluster's ClusterTrainingRuntimes up to `count`, then time `serve` from start to ready:
     at once (the API server and Trainer's controller still busy with the creates), and again after
     SETTLE seconds (runtimes that have been there a while: the usual case for a rollout)."""
@@ -324,8 +327,8 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
             mutate_ratio[level] = ratio["ours mutate"]
             for name, d in got.items():
                 under = d["under"]
-                out.append(f"| {level} | {name} | {d['count']:.0f} | {d['mean_ms']:.2f} | {under.get('0.005', 0):.0%} | "
-                           f"{under.get('0.025', 0):.0%} | {under.get('0.1', 0):.0%} | "
+                out.append(f"| {level} | {name} | {d['count']:.0f} | {d['mean_ms']:.2f} | "
+                           f"{under.get('0.005', 0):.0%} | {under.get('0.025', 0):.0%} | {under.get('0.1', 0):.0%} | "
                            f"{f'{ratio[name]:.2f}×' if name in ratio else ''} |")
             client_rows.append((level, latencies))
 

@@ -70,7 +70,8 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
                     after = bench.histograms(cluster)
                     got |= {(engine, k): bench.delta(before, after, v) for k, v in hooks.items()}
                 if level == 1:
-                    latencies["neither"] = bench.create_many(custom, f"neither-{reports:d}", n, 1, NAMESPACES["neither"])
+                    latencies["neither"] = bench.create_many(custom, f"neither-{reports:d}", n, 1,
+                                                             NAMESPACES["neither"])
                     client_rows.append((mode, latencies))
                 for verb in ("mutate", "validate"):
                     o, k = got["ours", verb], got["kyverno", verb]

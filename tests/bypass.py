@@ -26,7 +26,8 @@ PATH_TRICKS = [
 
 def _forged_entry(**over) -> dict:
     entry = pod_patch(MANAGER, {
-        "volumes": [{"name": "dispatch-publish", "image": {"reference": "evil.example/publish:latest", "pullPolicy": "Always"}}],
+        "volumes": [{"name": "dispatch-publish",
+                     "image": {"reference": "evil.example/publish:latest", "pullPolicy": "Always"}}],
         "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
     })
     entry.update(over)
@@ -66,7 +67,8 @@ def cases(computed_job) -> list[tuple[str, str, dict, dict | None, str]]:
                                   {"name": "tools", "mountPath": "/opt/dispatch", "readOnly": True}]}]})]), "S2")
     create("same container patched by two managers", trainjob(patches=[
         pod_patch("a.example.com/one", {"volumes": [{"name": "a", "emptyDir": {}}],
-                                        "containers": [{"name": "node", "volumeMounts": [{"name": "a", "mountPath": "/opt"}]}]}),
+                                        "containers": [{"name": "node",
+                                                        "volumeMounts": [{"name": "a", "mountPath": "/opt"}]}]}),
         pod_patch("b.example.com/two", {"containers": [{"name": "node", "volumeMounts": [
             {"name": "a", "mountPath": "/opt/dispatch/publish"}]}]}),
     ]), "S2")

@@ -25,7 +25,8 @@ NOW_TEXT = "2026-11-29T12:00:00Z"
 
 ROUTE1 = {"publish": {"image": IMAGE}}
 ROUTE2 = {"publish": {"image": IMAGE, "via": "initContainer", "initContainer": "dispatch-publish"}}
-CREDS = {"credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": "/var/run/dispatch/creds"}]}
+CREDS = {"credentials": [{"name": "checkpoint-store", "secret": "s3-credentials",
+                          "mountPath": "/var/run/dispatch/creds"}]}
 
 
 def settings(doc: dict | None = None):

@@ -4,7 +4,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import MANAGER
 
-SEGMENTS = st.sampled_from(["opt", "dispatch", "dispatcher", ".", "..", "", "x", "publish", "Dispatch", "d\u0456spatch"])
+SEGMENTS = st.sampled_from(["opt", "dispatch", "dispatcher", ".", "..", "", "x", "publish", "Dispatch",
+                            "d\u0456spatch"])
 PATHS = st.lists(SEGMENTS, max_size=5).map(lambda parts: ("/" if parts and parts[0] else "") + "/".join(parts))
 NAMES = st.sampled_from(["node", "launcher", "dispatch-publish", "copier", "checkpoint-store", "scratch"])
 MANAGERS = st.sampled_from(["example.com/a", "b.io/tuner", "kueue.x-k8s.io/manager", MANAGER])
@@ -25,13 +26,15 @@ pod_specs = st.fixed_dictionaries({}, optional={
 entries = st.builds(
     lambda manager, jobs: {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": name, "template": {"spec": {"template": {"spec": pod}}}} for name, pod in jobs]}}}},
-    MANAGERS, st.lists(st.tuples(st.sampled_from(["node", "launcher"]), pod_specs), max_size=2, unique_by=lambda t: t[0]),
+    MANAGERS,
+    st.lists(st.tuples(st.sampled_from(["node", "launcher"]), pod_specs), max_size=2, unique_by=lambda t: t[0]),
 )
 
 
 @st.composite
 def trainjobs(draw):
-    spec = {"runtimeRef": {"name": draw(st.sampled_from(["torch-distributed", "mpi-launcher", "torch-init", "missing"]))}}
+    spec = {"runtimeRef": {"name": draw(st.sampled_from(["torch-distributed", "mpi-launcher", "torch-init",
+                                                         "missing"]))}}
     if draw(st.booleans()):
         spec["runtimePatches"] = draw(st.lists(entries, max_size=4, unique_by=lambda e: e["manager"]))
     trainer = draw(st.fixed_dictionaries({}, optional={

@@ -136,7 +136,8 @@ def metrics_page() -> str:
         if isinstance(value, MetricWrapperBase):
             name = value._name + ("_total" if value._type == "counter" else "")
             mode = getattr(value, "_multiprocess_mode", None)
-            how = {"livemax": "max over live processes", "max": "max over processes", "livemin": "min over live processes"}
+            how = {"livemax": "max over live processes", "max": "max over processes",
+                   "livemin": "min over live processes"}
             over = how.get(mode, "summed over workers") if value._type == "gauge" else "summed over workers"
             rows.append((name, value._type, ", ".join(value._labelnames), value._documentation, over))
     per_runtime, cache = metrics._per_runtime[0], list(metrics._cache)

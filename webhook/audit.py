@@ -213,7 +213,8 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
     code = printed.close()
     if written is not None:
         names = written.write()
-        err.write(f"audit: wrote {len(names)} OpenReports: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}\n")
+        more = " ..." if len(names) > 10 else ""
+        err.write(f"audit: wrote {len(names)} OpenReports: {', '.join(names[:10])}{more}\n")
     return code
 
 

@@ -275,7 +275,8 @@ def _live_read_flags(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dispatch-admission",
-                                description="Admission webhook for Kubeflow Trainer TrainJobs: the dispatch publish mount.")
+                                description="Admission webhook for Kubeflow Trainer TrainJobs: "
+                                            "the dispatch publish mount.")
     p.add_argument("--version", action="version", version=f"dispatch-admission {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -331,7 +332,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--runtime-metric-labels", action="store_true",
                    help="export dispatch_admission_runtime_ready per runtime (kind, namespace, name); default: only"
                         " counts per kind, so /metrics names no tenant's runtimes")
-    s.add_argument("--max-body", type=_positive(int), default=None, help="largest request body in bytes (default 7 MiB)")
+    s.add_argument("--max-body", type=_positive(int), default=None,
+                   help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--max-body-in-flight", type=_positive(int), default=None, metavar="BYTES",
                    help="request bytes (heads and bodies) one worker holds at once; a request that would go over"
                         " it, once slow ones have given way, is answered 503 (default: --max-body plus 1 MiB)")

@@ -347,7 +347,8 @@ class ClusterRuntimes:
     def __iter__(self):
         return iter(self.store)
 
-    def readiness(self, can_carry: Callable[[Runtime], bool], settings: Callable[[], object]) -> Iterator[tuple[Key, bool]]:
+    def readiness(self, can_carry: Callable[[Runtime], bool],
+                  settings: Callable[[], object]) -> Iterator[tuple[Key, bool]]:
         """Each runtime's key and `can_carry(runtime)`, judged again only for a runtime whose resourceVersion
         or the settings in use (`settings()`) changed since the last call (a scrape judges 10,000 runtimes)."""
         token, seen = settings(), {}

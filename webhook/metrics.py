@@ -82,7 +82,8 @@ class Metrics:
                                ["endpoint", "outcome", "sentinel"], registry=r)
         self.latency = Histogram("dispatch_admission_review_seconds", "Time to answer one admission review.",
                                  ["endpoint"], registry=r,
-                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                          10))
         self.bad_requests = Counter("dispatch_admission_bad_requests_total", "Requests refused before review (4xx).",
                                     ["code"], registry=r)
         self.would_deny = Counter("dispatch_admission_would_deny_total",
@@ -285,7 +286,8 @@ def _cache_families() -> Iterator[Metric]:
             yield GaugeMetricFamily("dispatch_admission_runtime_store_bytes", "Bytes the runtime store's file uses.",
                                     value=float(state["store_bytes"]))
         for table, name, text in (("requests", "dispatch_admission_api_requests", "Requests to the Kubernetes API."),
-                                  ("errors", "dispatch_admission_api_errors", "Failed requests to the Kubernetes API.")):
+                                  ("errors", "dispatch_admission_api_errors",
+                                   "Failed requests to the Kubernetes API.")):
             family = CounterMetricFamily(name, text, labels=["verb", "kind"])  # merged into the workers' family
             for k, v in sorted((state.get(table) or {}).items()):
                 verb, _, kind = k.partition("\x1f")

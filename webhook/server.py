@@ -369,7 +369,8 @@ class _Options:
             examples = Path(__file__).resolve().parent / "examples" / "runtimes"
             self.runtime_files = sorted(str(p) for p in examples.glob("*.yaml"))
             if not self.runtime_files:
-                raise Denied([_reason(f"--dev: no example runtimes in {examples}; give --runtime FILE or --kubeconfig")])
+                raise Denied([_reason(f"--dev: no example runtimes in {examples}; "
+                                      "give --runtime FILE or --kubeconfig")])
         self.kubeconfig = args.kubeconfig
         self.tls_secret = args.tls_secret
         self.tls_service = args.tls_service
@@ -410,7 +411,8 @@ class _Options:
         elif self.dev:
             self.settings = parse(json.dumps(EXAMPLE))
         else:
-            raise Denied([_reason("--settings or --settings-configmap is required (or --dev for the example settings)")])
+            raise Denied([_reason("--settings or --settings-configmap is required "
+                                  "(or --dev for the example settings)")])
         self.publish_repositories = fixed_repositories(getattr(args, "publish_repositories", None), self.settings)
 
     def live_settings(self) -> LiveSettings | None:
@@ -588,7 +590,8 @@ def run(args) -> int:
         tls = certs.ReloadingContext(certfile, keyfile, opts.client_ca, cafile=str(opts.cert_dir / "ca.crt"),
                                      **_tls_options(args))
     except (OSError, ValueError) as e:
-        print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}", file=sys.stderr)
+        print(f"dispatch-admission serve: cannot load the serving certificate from {opts.cert_dir}: {e}",
+              file=sys.stderr)
         return 1
     if opts.runtime_files:  # fail now, in the master, on an unusable runtime file
         try:

@@ -459,7 +459,8 @@ class Verify:
             if left:
                 self.sleep(POLL_SECONDS)
         if failures or left:
-            self.err.write(f"verify: could not delete every probe ({'; '.join(failures) or 'still there: ' + ', '.join(left)}):"
+            what = "; ".join(failures) or "still there: " + ", ".join(left)
+            self.err.write(f"verify: could not delete every probe ({what}):"
                            f" kubectl delete trainjobs -n {namespace} -l {core.RUN_LABEL}={self.run_id}\n")
             return False
         return True

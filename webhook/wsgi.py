@@ -62,7 +62,8 @@ def response_head(status: str, headers: list[tuple[str, str]], length: int, keep
         if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
             raise ValueError(f"header {name[:40]!r} has a line break or a colon")
         lines += (name, ": ", value, "\r\n")
-    lines.append(f"Content-Length: {length}\r\n\r\n" if keep else f"Content-Length: {length}\r\nConnection: close\r\n\r\n")
+    lines.append(f"Content-Length: {length}\r\n\r\n" if keep
+                 else f"Content-Length: {length}\r\nConnection: close\r\n\r\n")
     return "".join(lines).encode("latin-1")
 
 

@@ -89,7 +89,8 @@ class ControlPlane:
         ca_key, ca_cert = self._ca
         key, cert = certs.make_leaf(ca_key, ca_cert, [common_name], client=True)
         base = self.dir / "pki" / common_name
-        return _write(base.with_suffix(".crt"), certs.pem_cert(cert)), _write(base.with_suffix(".key"), certs.pem_key(key))
+        return (_write(base.with_suffix(".crt"), certs.pem_cert(cert)),
+                _write(base.with_suffix(".key"), certs.pem_key(key)))
 
     def _webhook_client_identity(self) -> str:
         """The API server presents a client certificate to every webhook (kube-apiserver's
@@ -113,7 +114,8 @@ class ControlPlane:
 
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(self.ca_file)}}],
+            "clusters": [{"name": "e2e",
+                          "cluster": {"server": self.server, "certificate-authority-data": b64(self.ca_file)}}],
             "users": [{"name": "admin", "user": {"client-certificate-data": b64(self.admin_cert),
                                                  "client-key-data": b64(self.admin_key)}}],
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin", "namespace": "default"}}],

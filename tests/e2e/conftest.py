@@ -110,7 +110,8 @@ def webhook_configurations(route1: Webhook, route2: Webhook) -> list[dict]:
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
          "metadata": {"name": "dispatch-admission-e2e"},
-         "webhooks": [hook("mutate.route1.dispatch.go.phpboyscout.uk", route1, "/mutate", "NotIn", [skip], "Fail", True),
+         "webhooks": [hook("mutate.route1.dispatch.go.phpboyscout.uk", route1, "/mutate", "NotIn", [skip], "Fail",
+                           True),
                       hook("mutate.route2.dispatch.go.phpboyscout.uk", route2, "/mutate", "In", [skip], "Fail", True)]},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
          "metadata": {"name": "dispatch-admission-e2e"},
@@ -141,7 +142,8 @@ def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: 
 def webhooks_swapped(cluster: ControlPlane, installed: list[Webhook], replacement: list[Webhook] | None):
     """Point our configurations at other webhook processes, or (None) take them away; restore after."""
     if replacement is None:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "dispatch-admission-e2e")
+        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+                        "dispatch-admission-e2e")
     else:
         for doc in webhook_configurations(*replacement):
             cluster.apply(doc)

@@ -176,7 +176,8 @@ def cases() -> list[Case]:
     rules, hardening, updates = "tests/unit/test_rules.py", "tests/unit/test_hardening.py", "tests/unit/test_updates.py"
     add("plain TrainJob on torch-distributed", rules, trainjob(), "allow")
     add("two target jobs (mpi-launcher)", rules, trainjob(runtime_name="mpi-launcher"), "allow")
-    add("TrainingRuntime in the job's namespace", rules, trainjob(runtime_name="plain", kind="TrainingRuntime"), "allow")
+    add("TrainingRuntime in the job's namespace", rules, trainjob(runtime_name="plain", kind="TrainingRuntime"),
+        "allow")
     for p in ("/opt/dispatcher", "/opt", "/opt/Dispatch", "/data"):
         add(f"S2 neighbour {p} allowed (case-sensitive)", rules, trainjob(patches=[mount_patch(p)]), "allow")
     add("S6 sibling /var/run/dispatch/credsx allowed", hardening,
@@ -356,7 +357,8 @@ def setup(cluster) -> None:
     for doc in extra_runtimes():
         cluster.apply(doc)
     for engine, ns in NAMESPACES.items():
-        cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {ENGINE_LABEL: engine}}})
+        cluster.apply({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": ns, "labels": {ENGINE_LABEL: engine}}})
         for doc in namespaced_runtimes(ns):
             cluster.apply(doc)
 
@@ -411,7 +413,8 @@ def report(results: list[Result], every: bool = False) -> list[str]:
     for r in results:
         if every or not r.agree:
             ours, kyv = r.ours.summary(), r.kyverno.summary()
-            if r.ours.allowed and r.kyverno.allowed and r.ours.entry and r.kyverno.entry and r.ours.entry != r.kyverno.entry:
+            if (r.ours.allowed and r.kyverno.allowed and r.ours.entry and r.kyverno.entry
+                    and r.ours.entry != r.kyverno.entry):
                 kyv += " (a different entry)"
             out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | {_cell(kyv)} |"
                        + ((" yes |" if r.agree else " **no** |") if every else ""))

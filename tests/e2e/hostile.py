@@ -32,7 +32,8 @@ def large_runtime(shape: str, name: str, namespace: str, size: int = OBJECT_BYTE
     if shape == "env":  # what the rules never read: the keeper must still parse it
         per = len(json.dumps({"name": "VARIABLE_000000", "value": "v" * 80})) + 1
         env = [{"name": f"VARIABLE_{i:06d}", "value": "v" * 80} for i in range(size // per)]
-        return _runtime(name, namespace, [_job("node", {"containers": [{"name": "node", "image": "pytorch", "env": env}]})])
+        return _runtime(name, namespace,
+                        [_job("node", {"containers": [{"name": "node", "image": "pytorch", "env": env}]})])
     if shape == "names":  # what a runtime cache keeps: 1,990 volume names (under the name count), each long
         width = 640
         volume = {"name": "v00000-" + "n" * (width - 7), "emptyDir": {}}
@@ -129,6 +130,7 @@ def flood_pod(namespace: str, image: str, target: str, metrics: str, seconds: in
                                              {"name": "SECONDS", "value": str(seconds)},
                                              {"name": "REVIEWS", "value": str(reviews)},
                                              {"name": "TOKENS", "value": str(tokens)}],
-                                     "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                     "securityContext": {"allowPrivilegeEscalation": False,
+                                                         "readOnlyRootFilesystem": True,
                                                          "capabilities": {"drop": ["ALL"]}},
                                      "resources": {"limits": {"memory": "128Mi"}}}]}}

@@ -83,7 +83,8 @@ TIMINGS: dict[str, float] = {}
 def _run(cmd: list[str], timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
     if got.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({got.returncode}):\n{got.stdout[-3000:]}\n{got.stderr[-6000:]}")
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({got.returncode}):\n"
+                           f"{got.stdout[-3000:]}\n{got.stderr[-6000:]}")
     return got
 
 
@@ -409,7 +410,8 @@ def proxy_secrets(tmp: Path) -> dict[str, Path]:
     """The host's CA bundle (it holds the egress proxy's CA) as `pipcert`, and the host's index settings,
     if any, as a `pipconf` pip.conf (never the host's pip.conf itself: its `cert` path is a host path)."""
     secrets = {}
-    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"),
+                      "/etc/ssl/certs/ca-certificates.crt"):
         if candidate and Path(candidate).is_file():
             secrets["pipcert"] = Path(candidate)
             break

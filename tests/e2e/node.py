@@ -237,7 +237,8 @@ def kubeconfig_for(cluster: ControlPlane, name: str, cert: str, key: str) -> str
     path = cluster.dir / f"{name}.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": name,
-        "clusters": [{"name": "e2e", "cluster": {"server": cluster.server, "certificate-authority-data": b64(cluster.ca_file)}}],
+        "clusters": [{"name": "e2e",
+                      "cluster": {"server": cluster.server, "certificate-authority-data": b64(cluster.ca_file)}}],
         "users": [{"name": name, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
         "contexts": [{"name": name, "context": {"cluster": "e2e", "user": name}}]}))
     return str(path)
@@ -561,7 +562,8 @@ state = "{base / 'state'}"
             env={"KUBECONFIG": cluster.kubeconfig, "HOME": str(base)})
         _wait("jobset-controller-manager", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc,
               self.logs["jobset-controller-manager"])
-        manifest = toolchain.module_dir("sigs.k8s.io/jobset", toolchain.JOBSET) / "config" / "components" / "webhook" / "manifests.yaml"
+        jobset = toolchain.module_dir("sigs.k8s.io/jobset", toolchain.JOBSET)
+        manifest = jobset / "config" / "components" / "webhook" / "manifests.yaml"
         ca = base64.b64encode((cert_dir / "ca.crt").read_bytes()).decode()
         for doc in [d for d in yaml.safe_load_all(manifest.read_text()) if d]:
             doc["metadata"]["name"] = "jobset-" + doc["metadata"]["name"]
@@ -683,7 +685,8 @@ def start_node_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path],
     node = Node(tmp / "node", proxy=proxy)
     node.acquire()
     cluster = ControlPlane(tmp / "control-plane", address=NODE_IP, service_cidr=SERVICE_CIDR)
-    apiserver_client = identity(cluster, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
+    apiserver_client = identity(cluster, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                ("system:masters",))
     cluster.extra_args += ["--kubelet-client-certificate", apiserver_client[0],
                            "--kubelet-client-key", apiserver_client[1],
                            "--kubelet-preferred-address-types", "InternalIP",

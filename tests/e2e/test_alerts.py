@@ -87,7 +87,8 @@ def unit_tests(rules: dict) -> list[dict]:
     def add(alert, name, series, checks):
         tests.append({"name": f"{alert}: {name}", "interval": "1m",
                       "input_series": [{"series": s, "values": v} for s, v in series],
-                      "alert_rule_test": [{"eval_time": t, "alertname": alert, "exp_alerts": exp} for t, exp in checks]})
+                      "alert_rule_test": [{"eval_time": t, "alertname": alert,
+                                           "exp_alerts": exp} for t, exp in checks]})
 
     # No available replica (kube-state-metrics' Deployment status).
     r = a["DispatchAdmissionNoReadyReplica"]
@@ -127,7 +128,8 @@ def unit_tests(rules: dict) -> list[dict]:
     add(r["alert"], "quiet on rule denials and on other releases' faults",
         [(f'dispatch_admission_reviews_total{{{SERIES},{POD},endpoint="validate",outcome="denied",sentinel="ErrInvalid"}}',
           "0+5x30"),
-         (f'dispatch_admission_reviews_total{{{SERIES},{POD},endpoint="mutate",outcome="allowed",sentinel=""}}', "0+50x30"),
+         (f'dispatch_admission_reviews_total{{{SERIES},{POD},endpoint="mutate",outcome="allowed",sentinel=""}}',
+          "0+50x30"),
          (f'dispatch_admission_reviews_total{{{OTHER},endpoint="validate",outcome="denied",sentinel="ErrInternal"}}',
           "0+5x30")],
         [("15m", [])])
@@ -139,7 +141,8 @@ def unit_tests(rules: dict) -> list[dict]:
          (f'dispatch_admission_runtime_cache_synced{{{SERIES},{POD},kind="TrainingRuntime"}}', "1x10")],
         [("3m", []), ("6m", [firing(r, {**ns, **POD_LABELS, "kind": "ClusterTrainingRuntime"})])])
     add(r["alert"], "quiet once synced within 5m",
-        [(f'dispatch_admission_runtime_cache_synced{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}', "0 0 0 1 1 1 1 1 1 1 1"),
+        [(f'dispatch_admission_runtime_cache_synced{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}',
+          "0 0 0 1 1 1 1 1 1 1 1"),
          (f'dispatch_admission_runtime_cache_synced{{{OTHER},kind="ClusterTrainingRuntime"}}', "0x10")],
         [("10m", [])])
 
@@ -175,13 +178,15 @@ def unit_tests(rules: dict) -> list[dict]:
     add(r["alert"], "quiet on a few reconnects, and for other releases",
         [(f'dispatch_admission_runtime_keeper_errors_total{{{SERIES},{POD},operation="list/watch",kind="TrainingRuntime"}}',
           "0 1 1 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"),
-         (f'dispatch_admission_runtime_keeper_errors_total{{{OTHER},operation="get",kind="TrainingRuntime"}}', "0+9x40")],
+         (f'dispatch_admission_runtime_keeper_errors_total{{{OTHER},operation="get",kind="TrainingRuntime"}}',
+          "0+9x40")],
         [("39m", [])])
 
     # Live reads refused over the pod's limit.
     r = a["DispatchAdmissionLiveReadsLimited"]
     add(r["alert"], "fires on limited or busy live reads",
-        [(f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="limited"}}', "0 0 0 0 0 50 100 100 100 100"),
+        [(f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="limited"}}',
+          "0 0 0 0 0 50 100 100 100 100"),
          (f'dispatch_admission_runtime_live_reads_total{{{SERIES},{POD},outcome="found"}}', "0+3x10")],
         [("4m", []), ("7m", [firing(r, {**ns, **POD_LABELS}, "100")])])
     add(r["alert"], "quiet on live reads within the limit, and for other releases",
@@ -193,11 +198,14 @@ def unit_tests(rules: dict) -> list[dict]:
     r = a["DispatchAdmissionCertificateExpiring"]
     thirteen_days, thirty_days = 13 * 86400, 30 * 86400
     add(r["alert"], "fires when 13 days are left, after 1h",
-        [(f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="serving"}}', f"{thirteen_days}x150"),
-         (f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="ca"}}', f"{thirty_days * 10}x150")],
+        [(f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="serving"}}',
+          f"{thirteen_days}x150"),
+         (f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="ca"}}',
+          f"{thirty_days * 10}x150")],
         [("30m", []), ("2h", [firing(r, {**ns, **POD_LABELS, "certificate": "serving"}, "12d 22h 0m 0s")])])
     add(r["alert"], "quiet with 30 days left",
-        [(f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="serving"}}', f"{thirty_days}x150"),
+        [(f'dispatch_admission_certificate_not_after_seconds{{{SERIES},{POD},certificate="serving"}}',
+          f"{thirty_days}x150"),
          (f'dispatch_admission_certificate_not_after_seconds{{{OTHER},certificate="serving"}}', "0x150")],
         [("2h", [])])
 
@@ -213,22 +221,28 @@ def unit_tests(rules: dict) -> list[dict]:
             [("4m", []), ("6m", [firing(r, {**ns, "kind": "TrainingRuntime"}, "1")])])
         add(r["alert"], "quiet when fit, fixed, seen by one replica only, or another release's",
             [(f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="ClusterTrainingRuntime"}}', "0x10"),
-             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="TrainingRuntime"}}', "1 1 1 0 0 0 0 0 0 0"),
+             (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{POD},kind="TrainingRuntime"}}',
+              "1 1 1 0 0 0 0 0 0 0"),
              (f'dispatch_admission_runtimes_cannot_carry{{{SERIES},{pod2},kind="TrainingRuntime"}}', "0x10"),
              (f'dispatch_admission_runtimes_cannot_carry{{{OTHER},kind="ClusterTrainingRuntime"}}', "3x10")],
             [("9m", [])])
         return _rest(tests, a, add, ns)
     add(r["alert"], "fires for each runtime every replica finds unfit",
-        [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="TrainingRuntime",exported_namespace="team-a",name="torch-team"}}', "0x10"),
-         (f'dispatch_admission_runtime_ready{{{SERIES},{pod2},kind="TrainingRuntime",exported_namespace="team-a",name="torch-team"}}', "0x10"),
+        [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="TrainingRuntime",'
+          f'exported_namespace="team-a",name="torch-team"}}', "0x10"),
+         (f'dispatch_admission_runtime_ready{{{SERIES},{pod2},kind="TrainingRuntime",'
+          f'exported_namespace="team-a",name="torch-team"}}', "0x10"),
          (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="no-node"}}', "0x10"),
-         (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="torch-distributed"}}', "1x10")],
+         (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="torch-distributed"}}',
+          "1x10")],
         [("4m", []),
          ("6m", [firing(r, {**ns, "kind": "TrainingRuntime", "exported_namespace": "team-a", "name": "torch-team"}),
                  firing(r, {**ns, "kind": "ClusterTrainingRuntime", "name": "no-node"})])])
     add(r["alert"], "quiet for runtimes that can carry it, fixed ones, and other releases",
-        [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="torch-distributed"}}', "1x10"),
-         (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="fixed"}}', "0 0 0 1 1 1 1 1 1 1"),
+        [(f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="torch-distributed"}}',
+          "1x10"),
+         (f'dispatch_admission_runtime_ready{{{SERIES},{POD},kind="ClusterTrainingRuntime",name="fixed"}}',
+          "0 0 0 1 1 1 1 1 1 1"),
          (f'dispatch_admission_runtime_ready{{{OTHER},kind="ClusterTrainingRuntime",name="no-node"}}', "0x10")],
         [("9m", [])])
     return _rest(tests, a, add, ns)
@@ -330,7 +344,8 @@ def test_the_unit_tests_catch_broken_thresholds(helm, promtool, tmp_path):
 def test_alerts_can_be_turned_off_and_retuned(helm, tmp_path):
     rules = rendered_rules(helm, tmp_path, {"prometheusRule": {
         "selector": 'service="x"', "alerts": {"wouldDeny": {"enabled": False},
-                                             "slowReviews": {"thresholdSeconds": 2.5, "for": "3m", "severity": "page"}}}})
+                                             "slowReviews": {"thresholdSeconds": 2.5, "for": "3m",
+                                                             "severity": "page"}}}})
     a = alert_rules(rules)
     every = len(yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"])
     assert "DispatchAdmissionWouldDeny" not in a and len(a) == every - 1
@@ -390,7 +405,8 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_metric_name_parser():
-    assert metric_names('histogram_quantile(0.99, sum by (le, endpoint) (rate(a_bucket{job="x",le!="1"}[5m])))') == {"a_bucket"}
+    expr = 'histogram_quantile(0.99, sum by (le, endpoint) (rate(a_bucket{job="x",le!="1"}[5m])))'
+    assert metric_names(expr) == {"a_bucket"}
     assert metric_names('time() - max by (kind) (b{job="$job"}) / 86400 and on (kind) c offset 5m') == {"b", "c"}
     assert metric_names('sum(rate(d_total{x=~"a|b"}[$__rate_interval])) by (code) > bool 0') == {"d_total"}
 
@@ -401,7 +417,8 @@ def test_the_server_defines_the_contract_metrics():
                  "dispatch_admission_bad_requests_total", "dispatch_admission_would_deny_total",
                  "dispatch_admission_runtime_ready", "dispatch_admission_runtimes_cannot_carry",
                  "dispatch_admission_runtime_cache_synced",
-                 "dispatch_admission_runtime_cache_size", "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+                 "dispatch_admission_runtime_cache_size",
+                 "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
                  "dispatch_admission_certificate_not_after_seconds", "dispatch_admission_api_requests_total",
                  "dispatch_admission_api_errors_total", "dispatch_admission_settings_valid",
                  "dispatch_admission_runtime_cache_age_seconds", "dispatch_admission_runtime_keeper_starts_total",
@@ -412,7 +429,8 @@ def test_the_server_defines_the_contract_metrics():
 @pytest.mark.parametrize("runtime_labels", [False, True], ids=["counts", "runtime-labels"])
 def test_alerts_name_only_metrics_the_server_exports(helm, tmp_path, runtime_labels):
     exported = exported_metric_names()
-    for name, rule in alert_rules(rendered_rules(helm, tmp_path, {"metrics": {"runtimeLabels": runtime_labels}})).items():
+    for name, rule in alert_rules(rendered_rules(helm, tmp_path,
+                                                 {"metrics": {"runtimeLabels": runtime_labels}})).items():
         used = metric_names(rule["expr"])
         assert used, name
         assert used <= exported | KSM_METRICS, (name, used - exported)
@@ -420,8 +438,10 @@ def test_alerts_name_only_metrics_the_server_exports(helm, tmp_path, runtime_lab
 
 def _dashboard(helm, tmp_path) -> dict:
     out = run_helm(helm, "template", "rel", str(CHART), "--namespace", NS, tmp=tmp_path,
-                   values=merged(BASE, {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "ML"}}})).stdout
-    (cm,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+                   values=merged(BASE, {"grafanaDashboard": {"enabled": True,
+                                                             "annotations": {"grafana_folder": "ML"}}})).stdout
+    (cm,) = [d for d in yaml.safe_load_all(out)
+             if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "ML"}
     (text,) = cm["data"].values()

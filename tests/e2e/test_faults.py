@@ -29,7 +29,8 @@ def registration(name: str, url: str, ca: str, label: str, mutating_policy="Igno
     def hook(kind, path, policy):
         return {"name": f"{kind}.{name}.dispatch.go.phpboyscout.uk", "admissionReviewVersions": ["v1"],
                 "sideEffects": "None", "timeoutSeconds": 5, "failurePolicy": policy,
-                "rules": [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
+                "rules": [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"],
+                           "resources": ["trainjobs"],
                            "operations": ["CREATE", "UPDATE"]}],
                 "objectSelector": {"matchLabels": {label: "true"}},
                 "clientConfig": {"url": url + path, "caBundle": bundle}}

@@ -59,7 +59,8 @@ VALUE_SETS = {
     "client-ca": {"publish": {"image": IMAGE}, "clientCA": {"pem": PEM}},
     "openshift": {"publish": {"image": IMAGE},
                   "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None}},
-    "no-rbac": {"publish": {"image": IMAGE}, "rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}},
+    "no-rbac": {"publish": {"image": IMAGE}, "rbac": {"create": False},
+                "serviceAccount": {"create": False, "name": "mine"}},
 }
 
 
@@ -114,7 +115,8 @@ def test_lint_and_template(helm, tmp_path, name):
     run_helm(helm, "lint", "--strict", str(CHART), values=values, tmp=tmp_path)
     docs = rendered(helm, tmp_path, values)
     kinds = {k for k, _ in docs}
-    assert {"Deployment", "Service", "ConfigMap", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap", "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration"} <= kinds
     assert ("PodDisruptionBudget" in kinds) == (name != "single-replica")
     assert ({"ClusterRole", "ClusterRoleBinding"} <= kinds) == (name != "no-rbac")
     assert ("ServiceAccount", FULL) in docs if name != "no-rbac" else ("ServiceAccount", FULL) not in docs
@@ -131,7 +133,8 @@ def test_lint_and_template(helm, tmp_path, name):
     assert mutating["admissionReviewVersions"] == ["v1"]
     excluded = mutating["namespaceSelector"]["matchExpressions"][0]["values"]
     assert "kube-system" in excluded and NS in excluded
-    assert mutating["rules"][0]["resources"] == ["trainjobs"] and mutating["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert mutating["rules"][0]["resources"] == ["trainjobs"]
+    assert mutating["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     runtimes = docs[("ValidatingWebhookConfiguration", f"{FULL}-runtimes")]["webhooks"]
     assert [w["clientConfig"]["service"]["path"] for w in runtimes] == ["/runtimes"]
     args = args_of(docs)
@@ -193,7 +196,8 @@ def test_lint_with_default_values_reports_the_missing_repository(helm, tmp_path)
     {"prometheusRule": {"alerts": {"slowReview": {"enabled": False}}}},
     {"prometheusRule": {"alerts": {"slowReviews": {"threshold": 3}}}},
     {"tests": {"runtimeRef": {"nmae": "x"}}},
-    {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule", "labelSelectr": {}}]},
+    {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule",
+                                    "labelSelectr": {}}]},
     {"affinity": {"podAntiAfinity": {}}},
     {"metrics": {"serviceMonitor": {"enable": True}}},
     {"networkPolicy": {"metricsFrom": [{"namespaceSelctor": {}}]}},
@@ -414,7 +418,9 @@ def test_every_value_is_rendered(helm, tmp_path):
         after = template(helm, tmp_path, changed, check=False)
         if after.returncode != 0:
             return f"{path}: {after.stderr.strip()}"
-        return None if after.stdout != before else f"{path}: changing it to {_change(path, current)!r} renders nothing different"
+        if after.stdout != before:
+            return None
+        return f"{path}: changing it to {_change(path, current)!r} renders nothing different"
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         problems = [p for p in pool.map(check, leaves) if p]
@@ -435,7 +441,8 @@ def test_log_level_client_ca_and_enforcement_reach_serve(helm, tmp_path):
     pod = webhook_pod(docs)
     assert "checksum/client-ca" in pod["metadata"]["annotations"]
     mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["client-ca"] == {"name": "client-ca", "mountPath": "/etc/dispatch-admission/client-ca", "readOnly": True}
+    assert mounts["client-ca"] == {"name": "client-ca", "mountPath": "/etc/dispatch-admission/client-ca",
+                                   "readOnly": True}
     # The TLS port then wants a client certificate the kubelet has not got: the probes use the metrics port.
     c = pod["spec"]["containers"][0]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -454,7 +461,8 @@ def test_deployment_is_hardened(helm, tmp_path):
     assert dep["spec"]["replicas"] == 2
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     psc = pod["securityContext"]
-    assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault" and psc["runAsUser"] == 65532
+    assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert psc["runAsUser"] == 65532
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsNonRoot"] is True
@@ -467,7 +475,8 @@ def test_deployment_is_hardened(helm, tmp_path):
     # the settings are read through the API (SPEC 2.1), not mounted; a change of them rolls no pod
     assert f"--settings-configmap={NS}/{FULL}-settings" in c["args"]
     assert "settings" not in {m["name"] for m in c["volumeMounts"]}
-    assert not any(k.startswith("checksum/settings") for k in dep["spec"]["template"]["metadata"].get("annotations") or {})
+    annotations = dep["spec"]["template"]["metadata"].get("annotations") or {}
+    assert not any(k.startswith("checksum/settings") for k in annotations)
 
 
 def test_openshift_can_drop_the_fixed_ids(helm, tmp_path):
@@ -519,7 +528,8 @@ def test_labels_and_names(helm, tmp_path):
     # Overrides.
     assert ("Deployment", "rel-other") in rendered(helm, tmp_path, {"nameOverride": "other"})
     custom = rendered(helm, tmp_path, {"fullnameOverride": "custom"})
-    assert {("Deployment", "custom"), ("ValidatingWebhookConfiguration", "custom-runtimes"), ("Job", "custom-pre-delete"),
+    assert {("Deployment", "custom"), ("ValidatingWebhookConfiguration", "custom-runtimes"),
+            ("Job", "custom-pre-delete"),
             ("Pod", "custom-test")} <= set(custom)
     out = run_helm(helm, "template", "r" * 53, str(CHART), "-n", NS, values=BASE, tmp=tmp_path).stdout
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(out) if d]
@@ -541,7 +551,8 @@ def test_hook_pods_are_never_the_webhook(helm, tmp_path):
     (the Service would send admission reviews to it; the ReplicaSet would adopt it)."""
     docs = rendered(helm, tmp_path, {})
     selector = docs[("Deployment", FULL)]["spec"]["selector"]["matchLabels"]
-    hook_pods = [docs[("Pod", f"{FULL}-test")]["metadata"], docs[("Job", f"{FULL}-pre-delete")]["spec"]["template"]["metadata"]]
+    hook_pods = [docs[("Pod", f"{FULL}-test")]["metadata"],
+                 docs[("Job", f"{FULL}-pre-delete")]["spec"]["template"]["metadata"]]
     for meta in hook_pods:
         assert not all(meta["labels"].get(k) == v for k, v in selector.items())
     assert docs[("Service", FULL)]["spec"]["selector"] == selector
@@ -564,7 +575,8 @@ def test_metrics_have_a_port_of_their_own(helm, tmp_path):
     assert metrics_rule["from"] == VALUE_SETS["credentials"]["networkPolicy"]["metricsFrom"]
     # A ServiceMonitor behind a NetworkPolicy that admits no Prometheus would scrape nothing.
     got = template(helm, tmp_path, merged(BASE, {"metrics": {"serviceMonitor": {"enabled": True}},
-                                                  "networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/8"]}}),
+                                                  "networkPolicy": {"enabled": True,
+                                                                    "apiServerCIDRs": ["10.0.0.0/8"]}}),
                    check=False)
     assert got.returncode != 0 and "networkPolicy.metricsFrom" in got.stderr
 
@@ -578,7 +590,8 @@ def test_metrics_auth_serves_https_to_reviewed_tokens(helm, tmp_path):
         ("ClusterRole", FULL)]["rules"]
     assert {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]} in docs[
         ("ClusterRole", FULL)]["rules"]
-    assert docs[("ClusterRole", f"{FULL}-metrics-reader")]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert docs[("ClusterRole", f"{FULL}-metrics-reader")]["rules"] == [{"nonResourceURLs": ["/metrics"],
+                                                                         "verbs": ["get"]}]
     (endpoint,) = docs[("ServiceMonitor", FULL)]["spec"]["endpoints"]
     assert endpoint["scheme"] == "https" and endpoint["bearerTokenFile"].endswith("serviceaccount/token")
     container = webhook_pod(docs)["spec"]["containers"][0]
@@ -602,14 +615,16 @@ def test_network_policy_is_on_by_default_and_opens_only_what_the_values_name(hel
     webhook_rule, metrics_rule = named[("NetworkPolicy", FULL)]["spec"]["ingress"]
     assert webhook_rule["from"] == [{"ipBlock": {"cidr": "172.18.0.0/16"}}]
     assert metrics_rule == {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [{"namespaceSelector": {
-        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "ops"]}]}}]}
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                              "values": ["monitoring", "ops"]}]}}]}
     off = rendered(helm, tmp_path, {"networkPolicy": {"enabled": False}})
     assert "NetworkPolicy" not in {k for k, _ in off}
 
 
 def test_tls_and_client_subjects_reach_serve(helm, tmp_path):
     plain = args_of(rendered(helm, tmp_path, {}))
-    assert "--tls-min-version=1.2" in plain and not any(a.startswith(("--tls-ciphers", "--client-subject")) for a in plain)
+    assert "--tls-min-version=1.2" in plain
+    assert not any(a.startswith(("--tls-ciphers", "--client-subject")) for a in plain)
     assert "--runtime-metric-labels" not in plain, "runtimes are counted, not named, by default"
     args = args_of(rendered(helm, tmp_path, {"clientCA": {"pem": PEM}, "tls": {"minVersion": "1.3",
                                                                               "ciphers": "ECDHE+AESGCM"},
@@ -644,7 +659,8 @@ def test_rbac_is_least_privilege(helm, tmp_path):
     docs = rendered(helm, tmp_path, VALUE_SETS["route1"])
     # The serving pods: read runtimes, and get the one TLS Secret. No webhook configuration, no Secret written.
     rules = docs[("ClusterRole", FULL)]["rules"]
-    assert rules == [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainingruntimes", "clustertrainingruntimes"],
+    assert rules == [{"apiGroups": ["trainer.kubeflow.org"],
+                      "resources": ["trainingruntimes", "clustertrainingruntimes"],
                       "verbs": ["get", "list", "watch"]}]
     assert docs[("Role", f"{FULL}-settings")]["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [f"{FULL}-settings"],
@@ -653,7 +669,8 @@ def test_rbac_is_least_privilege(helm, tmp_path):
     role = docs[("Role", f"{FULL}-tls")]["rules"]
     assert role == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULL}-tls"], "verbs": ["get"]}]
     assert docs[("RoleBinding", f"{FULL}-tls")]["subjects"][0]["name"] == FULL
-    # The certificate controller, under a ServiceAccount of its own: patch this release's configurations, fill the Secret.
+    # The certificate controller, under a ServiceAccount of its own: patch this release's configurations, fill the
+    # Secret.
     controller = f"{FULL}-certs"
     assert docs[("Deployment", controller)]["spec"]["template"]["spec"]["serviceAccountName"] == controller
     assert ("ServiceAccount", controller) in docs
@@ -688,7 +705,8 @@ def test_rbac_is_least_privilege(helm, tmp_path):
 
 
 def test_hooks_run_the_chart_scripts(helm, tmp_path):
-    docs = rendered(helm, tmp_path, merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
+    docs = rendered(helm, tmp_path,
+                    merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
                                                                   "tests": {"labels": {"team": "ml"}}}))
     pod = docs[("Pod", f"{FULL}-test")]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -701,7 +719,8 @@ def test_hooks_run_the_chart_scripts(helm, tmp_path):
     assert c["image"] == f"{WEBHOOK_IMAGE}:0.1.0" and c["command"] == ["python3", "-c"]
     assert c["args"] == [(CHART / "files" / "helm-test.py").read_text()]
     config = json.loads(c["env"][0]["value"])
-    assert config == {"namespace": "default", "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
+    assert config == {"namespace": "default",
+                      "runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
                       "labels": {"a": "b", "team": "ml"}, "manager": "dispatch.go.phpboyscout.uk/publish",
                       "expectEntry": True, "enforcement": "enforce", "timeoutSeconds": 120, "namespaceExcluded": False,
                       "webhooks": ["mutate.dispatch.go.phpboyscout.uk", "validate.dispatch.go.phpboyscout.uk"]}
@@ -718,7 +737,8 @@ def test_hooks_run_the_chart_scripts(helm, tmp_path):
     for excluded in (NS, "kube-system"):
         pod = rendered(helm, tmp_path, {"tests": {"namespace": excluded}})[("Pod", f"{FULL}-test")]
         assert json.loads(pod["spec"]["containers"][0]["env"][0]["value"])["namespaceExcluded"] is True
-    off = rendered(helm, tmp_path, {"tests": {"enabled": False}, "preUninstall": {"deleteWebhookConfigurations": False}})
+    off = rendered(helm, tmp_path,
+                   {"tests": {"enabled": False}, "preUninstall": {"deleteWebhookConfigurations": False}})
     assert not any(name.endswith(("-test", "-pre-delete")) for _, name in off)
 
 
@@ -726,7 +746,8 @@ def test_kube_version_needs_image_volumes_on_by_default(helm, tmp_path):
     """The default route mounts an image volume: on by default from Kubernetes 1.35."""
     values = merged(BASE, {})
     for version, ok in (("1.34.4", False), ("1.35.0", True), ("1.37.2", True)):
-        got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", version, values=values, tmp=tmp_path, check=False)
+        got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", version, values=values, tmp=tmp_path,
+                       check=False)
         assert (got.returncode == 0) == ok, (version, got.stderr)
 
 
@@ -956,12 +977,14 @@ def _run_hook_script(c, tmp_path, hooks, pod_spec: dict, sa: str, config_overrid
 
 def _installed(c, helm, tmp_path, port):
     manifest = run_helm(helm, "get", "manifest", "rel", "-n", NS, kubeconfig=c.kubeconfig).stdout
-    objects = [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in yaml.safe_load_all(manifest) if d]
+    objects = [(d["kind"], d["metadata"]["name"],
+                d["metadata"].get("namespace")) for d in yaml.safe_load_all(manifest) if d]
     assert len(objects) >= 13
     for kind, name, ns in objects:
         assert c.get(kind, name, ns) is not None, f"{kind} {name} was not created"
     hooks = _hooks(c, helm)
-    assert {(d["kind"], d["metadata"]["name"]) for d in hooks} >= {("Pod", f"{FULL}-test"), ("Job", f"{FULL}-pre-delete")}
+    assert {(d["kind"], d["metadata"]["name"]) for d in hooks} >= {("Pod", f"{FULL}-test"),
+                                                                   ("Job", f"{FULL}-pre-delete")}
 
     # The certificate controller and two replica processes, each under the chart's ServiceAccount for it (its
     # RBAC, nothing more): the replicas only read what the controller issued.
@@ -1015,7 +1038,8 @@ def _installed(c, helm, tmp_path, port):
         assert c.get(kind, name) is None, f"{kind} {name} survived the pre-delete hook"
     assert c.get("deployment", FULL, NS) is not None and c.get("service", FULL, NS) is not None
     # Run twice (a retried uninstall): the configurations are already gone, still a success.
-    again = _run_hook_script(c, tmp_path, hooks, job["spec"]["template"]["spec"], f"{FULL}-pre-delete", {"settleSeconds": 0})
+    again = _run_hook_script(c, tmp_path, hooks, job["spec"]["template"]["spec"], f"{FULL}-pre-delete",
+                             {"settleSeconds": 0})
     assert again.returncode == 0 and "already gone" in again.stdout
 
     # The hooks cannot run here (no kubelet): uninstall without them, and see Helm's own order.
@@ -1058,9 +1082,9 @@ def test_helm_test_verify_runs_verify_with_only_its_rbac(helm, tmp_path):
     ServiceAccount, with the RBAC verify needs and nothing more, all of it deleted when the test ends."""
     assert not any("-verify" in name for _, name in rendered(helm, tmp_path, VALUE_SETS["route1"])), \
         "off when tests.verify.runtime is empty"
-    values = merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}},
-                                           "tests": {"namespace": "team-a", "labels": {"kueue.x-k8s.io/queue-name": "q"},
-                                                     "verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}})
+    tests = {"namespace": "team-a", "labels": {"kueue.x-k8s.io/queue-name": "q"},
+             "verify": {"runtime": "ClusterTrainingRuntime/torch-distributed"}}
+    values = merged(VALUE_SETS["route1"], {"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}}, "tests": tests})
     docs = rendered(helm, tmp_path, values)
     name = f"{FULL}-verify-{NS}"  # every object named as the pod: helm test --logs reads a pod log per hook name
     pod = docs[("Pod", name)]
@@ -1114,7 +1138,8 @@ def test_the_runtime_keeper_is_a_native_sidecar_sharing_the_store(helm, tmp_path
     assert keeper["name"] == "runtime-keeper" and keeper["restartPolicy"] == "Always"
     assert keeper["args"][:2] == ["keep", "--runtime-store=/var/cache/dispatch-admission/runtimes"]
     assert {"--live-reads-per-second=5", "--live-reads-burst=7"} <= set(keeper["args"])
-    assert {"--runtime-store=/var/cache/dispatch-admission/runtimes", "--runtime-keeper=external"} <= set(webhook["args"])
+    assert {"--runtime-store=/var/cache/dispatch-admission/runtimes",
+            "--runtime-keeper=external"} <= set(webhook["args"])
     assert keeper["image"] == webhook["image"]
     assert keeper["securityContext"] == webhook["securityContext"]
     store = {"name": "runtime-store", "mountPath": "/var/cache/dispatch-admission"}
@@ -1140,16 +1165,19 @@ def test_the_audit_cronjob_writes_openreports_with_rights_to_nothing_else(helm, 
     job = docs[("CronJob", f"{FULL}-audit")]
     pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["args"] == ["audit", "--settings=/etc/dispatch-admission/settings/settings.json", "--report", "--exit-zero"]
+    assert c["args"] == ["audit", "--settings=/etc/dispatch-admission/settings/settings.json", "--report",
+                         "--exit-zero"]
     assert pod["serviceAccountName"] == f"{FULL}-audit" and job["spec"]["concurrencyPolicy"] == "Forbid"
     assert pod["volumes"] == [{"name": "settings", "configMap": {"name": f"{FULL}-settings"}}]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     rules = docs[("ClusterRole", f"{FULL}-audit")]["rules"]
     assert rules == [
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes", "trainingruntimes", "trainjobs"],
+        {"apiGroups": ["trainer.kubeflow.org"],
+         "resources": ["clustertrainingruntimes", "trainingruntimes", "trainjobs"],
          "verbs": ["list"]},
         {"apiGroups": ["openreports.io"], "resources": ["reports", "clusterreports"],
          "verbs": ["get", "list", "create", "update", "delete"]}]
     secrets = rendered(helm, tmp_path, {"audit": {"enabled": True, "checkSecrets": True}})
-    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]} in secrets[("ClusterRole", f"{FULL}-audit")][
+    assert {"apiGroups": [""], "resources": ["secrets"],
+            "verbs": ["list"]} in secrets[("ClusterRole", f"{FULL}-audit")][
         "rules"]

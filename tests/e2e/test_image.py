@@ -116,7 +116,8 @@ def dpkg_records(rootfs: Path) -> dict[str, str]:
     for path in sorted((rootfs / "var/lib/dpkg/status.d").iterdir()):
         if not path.name.endswith(".md5sums"):
             text = path.read_text()
-            records[re.search(r"^Package: (\S+)$", text, re.M).group(1)] = re.search(r"^Version: (\S+)$", text, re.M).group(1)
+            package = re.search(r"^Package: (\S+)$", text, re.M).group(1)
+            records[package] = re.search(r"^Version: (\S+)$", text, re.M).group(1)
     return records
 
 
@@ -149,7 +150,8 @@ def test_root_file_system_is_read_only_in_these_runs(built):
 def test_debian_13_with_its_python_3_13(built):
     os_release = (built.rootfs / "etc/os-release").read_text()
     assert 'VERSION_ID="13"' in os_release.splitlines() and "VERSION_CODENAME=trixie" in os_release.splitlines()
-    got = built.run("python3", "-c", "import os, sys; print(sys.version_info[:2], os.path.realpath(sys._base_executable))")
+    got = built.run("python3", "-c",
+                    "import os, sys; print(sys.version_info[:2], os.path.realpath(sys._base_executable))")
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "(3, 13) /usr/bin/python3.13"
     assert dpkg_records(built.rootfs)["python3.13-minimal"].startswith("3.13.")
@@ -211,7 +213,8 @@ def test_no_package_manager_or_installer_in_the_final_image(built):
     for path in ("usr/bin/apt", "usr/bin/dpkg", "etc/apt", "var/lib/apt", "usr/lib/apt", "usr/lib/dpkg"):
         assert not os.path.lexists(built.rootfs / path), path
     # dpkg's records stay (distroless's layout, one file a package), so image scanners see what the base holds.
-    assert {"libc6", "libssl3t64", "python3.13-minimal", "libpython3.13-stdlib", "base-files"} <= set(dpkg_records(built.rootfs))
+    assert {"libc6", "libssl3t64", "python3.13-minimal", "libpython3.13-stdlib",
+            "base-files"} <= set(dpkg_records(built.rootfs))
 
 
 def test_installed_distributions_are_exactly_the_lock(built):

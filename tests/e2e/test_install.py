@@ -235,7 +235,8 @@ def summarise(phase: str, results: list[Create], began: float = 0.0, **extra) ->
                "failed_at_s": [round(r.started - began, 1) for r in failed][:20],
                "slow_at_s": [round(r.started - began, 1) for r in results if r.seconds > SLOW][:20],
                "p50_ms": round(percentile(seconds, 0.50) * 1000), "p99_ms": round(percentile(seconds, 0.99) * 1000),
-               "max_ms": round(max(seconds) * 1000), "unpatched": sum(r.status == 201 and not r.patched for r in results),
+               "max_ms": round(max(seconds) * 1000),
+               "unpatched": sum(r.status == 201 and not r.patched for r in results),
                "failures": sorted({f"{r.status}: {r.message[:300]}" for r in failed}), **extra}
     FIGURES[phase] = figures
     print(f"\n[{phase}] {json.dumps(figures, indent=1)}")
@@ -483,7 +484,8 @@ def test_the_api_server_calls_the_webhook_at_the_service_endpoints(inst):
     assert not to_cluster_ip, "the API server went through the ClusterIP (kube-proxy) instead"
     # ... and the reviews were answered by the pods (their logs, through the kubelet).
     eventually(lambda: {"path-0", "path-5"} <= {r["name"] for r in review_lines(
-        c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1", "--prefix").stdout)}, "the pods did not log the reviews")
+        c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=-1", "--prefix").stdout)},
+               "the pods did not log the reviews")
     # The Service's ClusterIP works too (kube-proxy), for clients that use it: same certificate.
     files = secret_files(c)
     via_service = served_certificate(cluster_ip, 443, files["ca.crt"], f"{FULL}.{RNS}.svc")
@@ -1076,7 +1078,8 @@ def test_one_tenant_cannot_stop_admission(inst):
             report["pods"][n] = {
                 "serving restarts": statuses["webhook"]["restartCount"],
                 "keeper restarts": statuses["runtime-keeper"]["restartCount"],
-                "oom kills": oom, "keeper peak working set MiB": round(peaks.peaks[f"{n}/runtime-keeper"]["working set"]),
+                "oom kills": oom,
+                "keeper peak working set MiB": round(peaks.peaks[f"{n}/runtime-keeper"]["working set"]),
                 "keeper limit MiB": round(peaks.limits[f"{n}/runtime-keeper"]),
                 "webhook peak working set MiB": round(peaks.peaks[f"{n}/webhook"]["working set"]),
                 "webhook limit MiB": round(peaks.limits[f"{n}/webhook"]),
@@ -1270,7 +1273,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
             assert oom["oom_kill"] == "0", (n, "a process of the container was OOM-killed", peaks.peaks[n])
         figures = {n: {"idle working set MiB": round(idle[n]["working set"]), "idle rss MiB": round(idle[n]["rss"]),
                        "peak working set MiB": round(peaks.peaks[n]["working set"]),
-                       "peak rss MiB": round(peaks.peaks[n]["rss"]), "limit MiB": round(peaks.limits[n])} for n in names}
+                       "peak rss MiB": round(peaks.peaks[n]["rss"]),
+                       "limit MiB": round(peaks.limits[n])} for n in names}
         print(f"\nmemory per webhook container: {json.dumps(figures)}; answers {sorted(statuses)}; runtimes created in"
               f" {created_in:.0f}s")  # not in FIGURES: that is the rollout phases' table
         for n in names:
@@ -1290,7 +1294,8 @@ def review_of_runtime(name: str) -> dict:
 def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainjob(inst):
     c = inst.cluster
     paths = {
-        "ValidatingWebhookConfiguration": f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{FULL}",
+        "ValidatingWebhookConfiguration":
+            f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{FULL}",
         "ValidatingWebhookConfiguration runtimes":
             f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{FULL}-runtimes",
         "MutatingWebhookConfiguration": f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{FULL}",

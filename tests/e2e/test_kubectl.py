@@ -57,20 +57,25 @@ def test_raw_trainjob_gets_the_publish_entry_exactly(env):
 def test_mpi_runtime_with_launcher_patches_both_jobs(env):
     env.cluster.apply(trainjob(name="raw-mpi", namespace=NS, runtime_name="mpi-launcher"))
     entry = own_entry(env.cluster.get("trainjob", "raw-mpi", NS))
-    assert [j["name"] for j in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]] == ["node", "launcher"]
+    jobs = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert [j["name"] for j in jobs] == ["node", "launcher"]
 
 
 REFUSALS = [
     pytest.param(trainjob(name="bad-mount", namespace=NS, patches=[mount_patch("//opt/./dispatch/tools")]),
-                 ["is invalid", "ErrInvalid", "volumeMounts[0].mountPath", "/opt/dispatch"], id="S2-mount-under-opt-dispatch"),
+                 ["is invalid", "ErrInvalid", "volumeMounts[0].mountPath", "/opt/dispatch"],
+                 id="S2-mount-under-opt-dispatch"),
     pytest.param(trainjob(name="bad-volume", namespace=NS, patches=[pod_patch("example.com/sneaky", {
         "volumes": [{"name": "dispatch-publish", "image": {"reference": "registry.example/publish:v1"}}]})]),
-                 ["is invalid", "ErrInvalid", "volumes[0].name", "dispatch-publish"], id="S1-tagged-image-reserved-name"),
+                 ["is invalid", "ErrInvalid", "volumes[0].name", "dispatch-publish"],
+                 id="S1-tagged-image-reserved-name"),
     pytest.param(labelled(trainjob(name="bad-route2", namespace=NS), **{ROUTE_LABEL: "2"}),
                  ["Forbidden", "ErrUnsupported", "spec.runtimeRef", "init container 'dispatch-publish'"],
                  id="R4-route2-without-init-container"),
-    pytest.param(trainjob(name="bad-procs", namespace=NS, runtime_name="plain", kind="TrainingRuntime", numProcPerNode=4),
-                 ["Forbidden", "ErrUnsupported", "spec.trainer.numProcPerNode", "mlPolicy.torch"], id="R6-numProcPerNode"),
+    pytest.param(trainjob(name="bad-procs", namespace=NS, runtime_name="plain", kind="TrainingRuntime",
+                          numProcPerNode=4),
+                 ["Forbidden", "ErrUnsupported", "spec.trainer.numProcPerNode", "mlPolicy.torch"],
+                 id="R6-numProcPerNode"),
     pytest.param(trainjob(name="bad-runtime", namespace=NS, runtime_name="does-not-exist"),
                  ["NotFound", "ErrNotFound", "spec.runtimeRef.name", "does-not-exist"], id="R2-missing-runtime"),
     pytest.param(trainjob(name="bad-env", namespace=NS, env=[{"name": "DISPATCH_TOKEN", "value": "x"}]),
@@ -100,7 +105,8 @@ def test_server_dry_run_admits_and_stores_nothing(env):
 
 
 def test_forged_entry_is_replaced_on_create(env):
-    forged = pod_patch(MANAGER, {"volumes": [{"name": "dispatch-publish", "image": {"reference": "evil/publish:latest"}}],
+    forged = pod_patch(MANAGER,
+                       {"volumes": [{"name": "dispatch-publish", "image": {"reference": "evil/publish:latest"}}],
                                  "containers": [{"name": "node", "volumeMounts": [
                                      {"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}]})
     got = env.cluster.apply(trainjob(name="forged", namespace=NS, patches=[forged]))
@@ -141,7 +147,8 @@ def test_editing_the_entry_on_a_running_job_is_refused(env):
     i = obj["spec"]["runtimePatches"].index(own_entry(obj))
     ops = [{"op": "replace", "value": False, "path": f"/spec/runtimePatches/{i}/trainingRuntimeSpec/template/spec/"
             "replicatedJobs/0/template/spec/template/spec/containers/0/volumeMounts/0/readOnly"}]
-    got = env.cluster.kubectl("patch", "trainjob", "upd-edit", "-n", NS, "--type=json", "-p", json.dumps(ops), check=False)
+    got = env.cluster.kubectl("patch", "trainjob", "upd-edit", "-n", NS, "--type=json", "-p", json.dumps(ops),
+                              check=False)
     assert got.returncode != 0 and "ErrInvalid" in got.stderr and "immutable once written" in got.stderr
 
 
@@ -156,7 +163,8 @@ def test_suspend_edit_resume(env):
     # whole runtimePatches list of a custom resource, dropping ours; the webhook puts it back in place.
     edited = copy.deepcopy(manifest)
     edited["spec"]["suspend"] = True
-    edited["spec"]["runtimePatches"].append(pod_patch("example.com/extra", {"volumes": [{"name": "x", "emptyDir": {}}]}))
+    edited["spec"]["runtimePatches"].append(pod_patch("example.com/extra",
+                                                      {"volumes": [{"name": "x", "emptyDir": {}}]}))
     got = c.apply(edited)
     assert "put back" in got.stderr
     obj = c.get("trainjob", "upd-cycle", NS)
@@ -177,7 +185,8 @@ def test_jobs_created_before_the_webhook(env):
         c.apply(trainjob(name="pre-suspended", namespace=NS, suspend=True))
         c.apply(trainjob(name="pre-running", namespace=NS))
     # SPEC 6.3: the entry is written on CREATE only. Resuming a suspended one adds none, with a warning.
-    got = c.kubectl("patch", "trainjob", "pre-suspended", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    got = c.kubectl("patch", "trainjob", "pre-suspended", "-n", NS, "--type=merge", "-p",
+                    '{"spec": {"suspend": false}}')
     assert "runs without /opt/dispatch/publish" in got.stderr, got.stderr
     assert own_entry(c.get("trainjob", "pre-suspended", NS)) is None
     # Nor does any update of a running one: allowed, with the warning.

@@ -104,7 +104,8 @@ def state_runtime(images: Images, name: str, state_dir: Path) -> dict:
     torch["kind"] = "TrainingRuntime"
     torch["metadata"] = {"name": name, "namespace": NS}
     pod = node_pod(torch)
-    pod.setdefault("volumes", []).append({"name": "job-state", "hostPath": {"path": str(state_dir), "type": "Directory"}})
+    pod.setdefault("volumes", []).append({"name": "job-state",
+                                          "hostPath": {"path": str(state_dir), "type": "Directory"}})
     pod["containers"][0].setdefault("volumeMounts", []).append({"name": "job-state", "mountPath": STATE})
     return torch
 
@@ -136,7 +137,8 @@ def queued(name: str, command: list[str], priority: str | None = None, runtime: 
     ref = {"name": runtime, **({"kind": "TrainingRuntime"} if namespaced else {})}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
             "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": {"runtimeRef": ref, "trainer": {"command": command, "resourcesPerNode": {"requests": JOB_REQUESTS}}}}
+            "spec": {"runtimeRef": ref,
+                     "trainer": {"command": command, "resourcesPerNode": {"requests": JOB_REQUESTS}}}}
 
 
 def preemptible(name: str) -> list[str]:
@@ -144,7 +146,8 @@ def preemptible(name: str) -> list[str]:
     which a shell as PID 1 otherwise ignores); on the run after, it exits 0."""
     script = (f"trap 'exit 143' TERM; "
               f"if [ -e {STATE}/{name} ]; then run=resumed; else run=first; touch {STATE}/{name}; fi; "
-              f"if [ -x {PUBLISH} ]; then {PUBLISH} {name} $run; else echo \"no {PUBLISH} in this pod: {name} $run\"; fi; "
+              f"if [ -x {PUBLISH} ]; then {PUBLISH} {name} $run; "
+              f"else echo \"no {PUBLISH} in this pod: {name} $run\"; fi; "
               "if [ $run = first ]; then while :; do sleep 1; done; fi")
     return ["/bin/sh", "-c", script]
 

@@ -39,7 +39,8 @@ def both(tmp_path_factory):
         _LOGS["webhook (beside kyverno)"] = log
         for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
             cluster.apply(doc)
-        kyv = stack.enter_context(kyverno.running(cluster, tmp, policies=kyverno.load_policies(skip_mutation_label=True)))
+        kyv = stack.enter_context(kyverno.running(cluster, tmp,
+                                                  policies=kyverno.load_policies(skip_mutation_label=True)))
         _LOGS["kyverno"] = kyv.log
         yield cluster
 

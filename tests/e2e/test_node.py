@@ -84,7 +84,8 @@ def _runtimes(images: Images) -> list[dict]:
     empty["metadata"]["name"] = "torch-init-copies-nothing"
     pod = node_pod(empty)
     pod["initContainers"][0].update(image=images.training,
-                                    command=["/bin/sh", "-c", "echo dispatch-publish: this init container copies nothing"])
+                                    command=["/bin/sh", "-c",
+                                             "echo dispatch-publish: this init container copies nothing"])
     pod["containers"][0]["image"] = images.training
     return [torch, mpi, init, empty]
 
@@ -224,7 +225,8 @@ def assert_only_our_mount(pod: dict, images: Images, route: int) -> None:
             assert route == 2 and ctr == "dispatch-publish", f"{name}: init container {ctr} mounts {m}"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "dispatch-publish")
     if route == 1:
-        assert volume == {"name": "dispatch-publish", "image": {"reference": images.publish, "pullPolicy": "IfNotPresent"}}
+        assert volume == {"name": "dispatch-publish",
+                          "image": {"reference": images.publish, "pullPolicy": "IfNotPresent"}}
     else:
         assert volume == {"name": "dispatch-publish", "emptyDir": {}}
 
@@ -452,7 +454,8 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service_and_have_no_de
     c = node_env.cluster
     script = ('cat /proc/net/route | sed "s/^/route: /"; '
               'if nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" </dev/null; '
-              'then echo "connected to $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"; else echo "no connection"; exit 1; fi')
+              'then echo "connected to $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"; '
+              'else echo "no connection"; exit 1; fi')
     c.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "net-check", "namespace": NS},
              "spec": {"restartPolicy": "Never", "containers": [
                  {"name": "check", "image": node_env.images.training, "command": ["/bin/sh", "-c", script]}]}})
@@ -477,7 +480,8 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service_and_have_no_de
 def test_pods_carry_nothing_under_opt_dispatch_but_our_mount(node_env):
     """Every Pod Trainer and JobSet created in this module (read from the Pod objects, not the templates)."""
     c = node_env.cluster
-    pods = json.loads(c.kubectl("get", "pods", "-A", "-l", "jobset.sigs.k8s.io/jobset-name", "-o", "json").stdout)["items"]
+    pods = json.loads(c.kubectl("get", "pods", "-A", "-l", "jobset.sigs.k8s.io/jobset-name",
+                                "-o", "json").stdout)["items"]
     names = {p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] for p in pods}
     assert {"r1-torch", "r1-mpi", "r2-init", "suspended"} <= names, names
     for pod in pods:
@@ -567,8 +571,8 @@ def test_a_credential_at_etc_mpi_is_refused_at_settings_time(node_env, tmp_path)
     doc["credentials"][0]["mountPath"] = "/etc/mpi"
     route1.write_text(json.dumps(doc))
     got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", str(route1), "--kubeconfig",
-                          node_env.cluster.kubeconfig, "--dev", "--bind", "127.0.0.1:0"], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+                          node_env.cluster.kubeconfig, "--dev", "--bind", "127.0.0.1:0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert got.returncode == 1, got
     assert "ErrInvalid: credentials[0].mountPath: '/etc/mpi' overlaps /etc/mpi, which Trainer's MPI (the hostfile)" \
            " plugin mounts" in got.stderr, got.stderr

@@ -50,7 +50,8 @@ def test_spec_8_1_no_node_container_refused_under_enforce_admitted_with_the_warn
     assert "Warning: would deny: ErrUnsupported: spec.runtimeRef: no replicated job has a container named 'node'" \
         " (TrainingRuntime team-a/n" in got.stderr, got.stderr
     stored = env.cluster.get("trainjob", "rollout-no-node", NS)
-    assert not any(e["manager"] == MANAGER for e in stored["spec"].get("runtimePatches", [])), "warn adds no entry there"
+    patches = stored["spec"].get("runtimePatches", [])
+    assert not any(e["manager"] == MANAGER for e in patches), "warn adds no entry there"
     assert warn_hook.metric("dispatch_admission_would_deny_total", sentinel="ErrUnsupported", rule="R3") == before + 1
 
 

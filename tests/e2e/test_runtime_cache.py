@@ -58,7 +58,8 @@ def test_one_list_and_one_watch_per_kind_whatever_the_workers(env, tmp_path):
         size = hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
         for kind in KINDS:
             assert hook.metric(REQUESTS, verb="list", kind=kind) == 1, f"{kind}: one list for the pod, not one a worker"
-            eventually(lambda kind=kind: hook.metric(REQUESTS, verb="watch", kind=kind), "the keeper's state written (each second)")
+            eventually(lambda kind=kind: hook.metric(REQUESTS, verb="watch", kind=kind),
+                       "the keeper's state written (each second)")
             assert hook.metric(REQUESTS, verb="watch", kind=kind) == 1, f"{kind}: one watch for the pod"
         add_runtime(env, "cache-shared-new")
         eventually(lambda: hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
@@ -84,7 +85,8 @@ def test_a_keeper_that_dies_leaves_the_store_answering_and_another_takes_it_over
     try:
         with webhook_server(tmp_path / "ext", "--settings", str(EXAMPLES / "settings" / "route1.json"),
                             "--kubeconfig", env.cluster.kubeconfig, "--workers", "2", "--runtime-store", str(store),
-                            "--runtime-keeper", "external", env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
+                            "--runtime-keeper", "external",
+                            env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
             hook = Webhook(url, ca, log, proc)
             assert keepers(log) == [], "serve starts no keeper of its own"
             size = hook.metric("dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
@@ -95,7 +97,8 @@ def test_a_keeper_that_dies_leaves_the_store_answering_and_another_takes_it_over
             missing = mutate(hook, "created-while-no-keeper")
             assert missing["status"]["code"] == 503 and "keeper cannot be asked" in missing["status"]["message"]
             age = hook.metric("dispatch_admission_runtime_cache_age_seconds", kind="ClusterTrainingRuntime")
-            eventually(lambda: hook.metric("dispatch_admission_runtime_cache_age_seconds", kind="ClusterTrainingRuntime")
+            eventually(lambda: hook.metric("dispatch_admission_runtime_cache_age_seconds",
+                                           kind="ClusterTrainingRuntime")
                        >= age + 2, "the store's age grows while no keeper confirms it")
             assert requests.get(url + "/readyz", verify=ca, timeout=5).status_code == 200, "still serving its store"
             add_runtime(env, "cache-after-restart")

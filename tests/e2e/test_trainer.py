@@ -58,7 +58,8 @@ def _trainer_webhooks(port: int, ca_pem: bytes) -> list[dict]:
     for d in docs:
         for w in d["webhooks"]:
             path = w["clientConfig"]["service"]["path"]
-            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
+            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
+                                 "caBundle": base64.b64encode(ca_pem).decode()}
     return docs
 
 

@@ -132,7 +132,8 @@ def kube_bin() -> Path:
 
 def etcd_bin() -> Path:
     """etcd from its server module; its go.mod has replace lines, so `go install pkg@v` refuses it."""
-    main = 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n'
+    main = ('package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\n'
+            'func main() { etcdmain.Main(os.Args) }\n')
     gomod = f"module dispatch-admission/e2e-etcd\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 {ETCD}\n"
     bindir = _build(f"etcd-{ETCD}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main})
     built = bindir / "e2e-etcd"
@@ -142,7 +143,8 @@ def etcd_bin() -> Path:
 
 
 def helm_bin() -> Path:
-    gomod = f"module dispatch-admission/e2e-helm\n\ngo 1.26\n\nrequire helm.sh/helm/v3 {HELM}\n\ntool helm.sh/helm/v3/cmd/helm\n"
+    gomod = (f"module dispatch-admission/e2e-helm\n\ngo 1.26\n\nrequire helm.sh/helm/v3 {HELM}\n\n"
+             "tool helm.sh/helm/v3/cmd/helm\n")
     # Helm's default Kubernetes version (for `helm template` and `lint`) is stamped at build time, from
     # the client-go it is built with, as its own Makefile does.
     helm_mod = (module_dir("helm.sh/helm/v3", HELM) / "go.mod").read_text()
@@ -159,8 +161,8 @@ PROMETHEUS = "v0.316.0"  # Prometheus 3.16.0: the Go module tags v3 releases as 
 def promtool_bin() -> Path:
     """promtool (check rules, test rules) from github.com/prometheus/prometheus, for the chart's alerts."""
     pkg = "github.com/prometheus/prometheus/cmd/promtool"
-    gomod = (f"module dispatch-admission/e2e-promtool\n\ngo 1.26\n\nrequire github.com/prometheus/prometheus {PROMETHEUS}\n\n"
-             f"tool {pkg}\n")
+    gomod = (f"module dispatch-admission/e2e-promtool\n\ngo 1.26\n\n"
+             f"require github.com/prometheus/prometheus {PROMETHEUS}\n\ntool {pkg}\n")
     minor, patch = PROMETHEUS[len("v0.3"):].split(".")
     ldflags = f"-s -w -X github.com/prometheus/common/version.Version=3.{int(minor)}.{patch}"
     # remove_all_sd: no service-discovery plugins (cloud SDKs, client-go), which rule checks never use.
@@ -173,8 +175,8 @@ HELM_DOCS = "v1.14.2"
 def helm_docs_bin() -> Path:
     """helm-docs from github.com/norwoodj/helm-docs: the chart's README.md from values.yaml (tools/gen_docs.py)."""
     pkg = "github.com/norwoodj/helm-docs/cmd/helm-docs"
-    gomod = (f"module dispatch-admission/e2e-helm-docs\n\ngo 1.26\n\nrequire github.com/norwoodj/helm-docs {HELM_DOCS}\n\n"
-             f"tool {pkg}\n")
+    gomod = (f"module dispatch-admission/e2e-helm-docs\n\ngo 1.26\n\n"
+             f"require github.com/norwoodj/helm-docs {HELM_DOCS}\n\ntool {pkg}\n")
     return _build(f"helm-docs-{HELM_DOCS}", gomod, [pkg], ldflags=f"-s -w -X main.version={HELM_DOCS}")
 
 
@@ -265,7 +267,8 @@ def node_apt() -> list[str]:
 
 def containerd_bin() -> Path:
     """containerd, ctr and containerd-shim-runc-v2 (CGO off, no btrfs/zfs/devmapper/aufs snapshotters)."""
-    pkgs = [f"github.com/containerd/containerd/v2/cmd/{cmd}" for cmd in ("containerd", "ctr", "containerd-shim-runc-v2")]
+    pkgs = [f"github.com/containerd/containerd/v2/cmd/{cmd}" for cmd in ("containerd", "ctr",
+                                                                         "containerd-shim-runc-v2")]
     gomod = (f"module dispatch-admission/e2e-containerd\n\ngo 1.26\n\n"
              f"require github.com/containerd/containerd/v2 {CONTAINERD}\n\n"
              "tool (\n" + "".join(f"\t{pkg}\n" for pkg in pkgs) + ")\n")
@@ -307,7 +310,8 @@ def crictl_bin() -> Path:
     pkg = "sigs.k8s.io/cri-tools/cmd/crictl"
     gomod = (f"module dispatch-admission/e2e-crictl\n\ngo 1.26\n\nrequire sigs.k8s.io/cri-tools {CRICTL}\n\n"
              f"tool {pkg}\n")
-    return _build(f"crictl-{CRICTL}", gomod, [pkg], ldflags=f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRICTL}")
+    return _build(f"crictl-{CRICTL}", gomod, [pkg],
+                  ldflags=f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRICTL}")
 
 
 def jobset_bin() -> Path:
@@ -366,7 +370,8 @@ def kyverno_bin() -> Path:
 def kyverno_crds() -> list[Path]:
     """The CRDs Kyverno's admission controller lists and watches (its policies, reports and exceptions)."""
     crds = module_dir("github.com/kyverno/kyverno", KYVERNO) / "config" / "crds"
-    return sorted(p for d in ("kyverno", "policies.kyverno.io", "policyreport", "reports") for p in (crds / d).glob("*.yaml"))
+    dirs = ("kyverno", "policies.kyverno.io", "policyreport", "reports")
+    return sorted(p for d in dirs for p in (crds / d).glob("*.yaml"))
 
 
 def jobset_crds() -> list[Path]:

@@ -74,7 +74,8 @@ def server(tmp_path_factory):
     (tmp / "app.py").write_text(APP)
     port, log = free_port(), tmp / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"), str(tmp)],
+        proc = subprocess.Popen([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"),
+                                 str(tmp)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base, ca = f"https://127.0.0.1:{port}", str(tmp / "certs" / "ca.crt")
     try:

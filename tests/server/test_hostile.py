@@ -85,7 +85,8 @@ def test_deep_nesting_past_the_standard_librarys_limit_hides_no_mount(server, de
         resp = check_answer(doc, c.post(path, body))
         if depth < 1024 - 8:  # the review's own levels above the claims list
             assert resp is not None and not resp["allowed"], f"{path} at depth {depth}"
-            assert re.search(r"reserved for the publish mount|nested too deeply", resp["status"]["message"]), resp["status"]
+            assert re.search(r"reserved for the publish mount|nested too deeply",
+                             resp["status"]["message"]), resp["status"]
         else:
             assert resp is None
 
@@ -142,10 +143,11 @@ json_values = st.recursive(
 envelope_parts = st.fixed_dictionaries({}, optional={
     "apiVersion": st.sampled_from(["admission.k8s.io/v1", "admission.k8s.io/v1beta1", 1, None]),
     "kind": st.sampled_from(["AdmissionReview", "Review", None]),
-    "request": st.one_of(json_values, st.fixed_dictionaries({"uid": st.one_of(st.text(max_size=8), st.integers())},
-                                                            optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", 7]),
-                                                                      "object": json_values,
-                                                                      "resource": json_values})),
+    "request": st.one_of(json_values, st.fixed_dictionaries(
+        {"uid": st.one_of(st.text(max_size=8), st.integers())},
+        optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", 7]),
+                  "object": json_values,
+                  "resource": json_values})),
 })
 
 
@@ -156,7 +158,8 @@ def review_docs(draw):
         job = draw(trainjobs())
         op = draw(st.sampled_from(["CREATE", "UPDATE"]))
         old = draw(trainjobs()) if op == "UPDATE" else None
-        return review(job, operation=op, old=old, uid=f"fuzz-{draw(st.integers(0, 10**9))}", dry_run=draw(st.booleans()))
+        return review(job, operation=op, old=old, uid=f"fuzz-{draw(st.integers(0, 10**9))}",
+                      dry_run=draw(st.booleans()))
     if kind == 1:  # a broken envelope
         return draw(envelope_parts)
     if kind == 2:  # valid envelope, junk object
@@ -274,7 +277,8 @@ def test_soak_memory_is_flat(tmp_path):
     script = tmp_path / "review.lua"
     script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                       f"wrk.body = [==[{json.dumps(review(trainjob()))}]==]\n")
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--log-level", "warning") as (base, ca, log, proc):
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS,
+                        "--log-level", "warning") as (base, ca, log, proc):
         done, samples = 0, []
         warm_rss = None
         deadline = time.monotonic() + 300
@@ -289,5 +293,6 @@ def test_soak_memory_is_flat(tmp_path):
                 warm_rss = rss
         assert done >= target, f"only {done} reviews in the time allowed"
         growth = samples[-1] - warm_rss
-        print(f"\nsoak: {done} reviews; worker RSS {warm_rss // 1024} MiB after warm-up, {samples[-1] // 1024} MiB at the end")
+        print(f"\nsoak: {done} reviews; worker RSS {warm_rss // 1024} MiB after warm-up, "
+              f"{samples[-1] // 1024} MiB at the end")
         assert growth < max(8 * 1024, warm_rss // 10), f"RSS grew by {growth} KiB: {samples}"

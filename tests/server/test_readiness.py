@@ -32,7 +32,8 @@ def store(tmp_path):
 def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete(store):
     writer, cluster = store
     current = [settings(ROUTE2)]
-    good = runtime("good", jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
+    good = runtime("good",
+                   jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
     bad = runtime("bad")  # no init container: route 2 cannot carry the mount (R4)
     edited = runtime("good", jobs={"node": {"containers": [{"name": "node"}]}})  # the init container removed
     gone = runtime("gone")
@@ -61,7 +62,8 @@ def test_spec_8_3_readiness_gauge_follows_list_watch_and_delete(store):
 def test_spec_8_3_readiness_after_list_only(store):
     writer, cluster = store
     route2 = settings(ROUTE2)
-    good = runtime("ok", jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
+    good = runtime("ok",
+                   jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})
     metrics.judge_runtimes(lambda: cluster.readiness(lambda rt: runtime_facts(rt, route2).can_carry, lambda: route2))
     script = Script([([good], "1"), StopReflector()], [[]])
     Reflector(KIND, writer, script.list, script.watch, sleep=script.sleeps.append).run(rounds=2)

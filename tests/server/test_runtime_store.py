@@ -137,7 +137,8 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     assert got[("dispatch_admission_runtime_cache_synced", (("kind", "TrainingRuntime"),))].value == 0
     assert 29 < got[("dispatch_admission_runtime_cache_age_seconds", (("kind", KIND),))].value < 60
     assert got["dispatch_admission_runtime_keeper_starts_total"].value == 3
-    assert got[("dispatch_admission_runtime_keeper_errors_total", (("kind", KIND), ("operation", "list/watch")))].value == 1
+    assert got[("dispatch_admission_runtime_keeper_errors_total",
+                (("kind", KIND), ("operation", "list/watch")))].value == 1
     assert got[("dispatch_admission_runtime_live_reads_total", (("outcome", "limited"),))].value == 1
     assert got[("dispatch_admission_api_requests_total", (("kind", KIND), ("verb", "list")))].value == 1
     assert got["dispatch_admission_runtime_store_bytes"].value == 4096

@@ -1,6 +1,6 @@
 """`serve` as a user configures it, against the real server process: the worker's HTTP handling (request
-limits, Expect and Transfer-Encoding not served, pipelining, bad framing), the metrics port, certificate readiness and metrics,
-warn mode and /runtimes, and gunicorn's own configuration (-c FILE, GUNICORN_CMD_ARGS)."""
+limits, Expect and Transfer-Encoding not served, pipelining, bad framing), the metrics port, certificate
+readiness and metrics, warn mode and /runtimes, and gunicorn's own configuration (-c FILE, GUNICORN_CMD_ARGS)."""
 
 from __future__ import annotations
 
@@ -278,7 +278,8 @@ def test_certificate_and_runtime_metrics(ops):
     assert sorted((labels["certificate"], value) for labels, value in expiry) == [
         ("ca", authority.not_valid_after_utc.timestamp()), ("serving", serving.not_valid_after_utc.timestamp())]
     # One series per runtime (not one per worker): the stock runtimes, each judged by the rules.
-    ready = [(tuple(sorted(labels.items())), value) for labels, value in samples(text, "dispatch_admission_runtime_ready")]
+    ready = [(tuple(sorted(labels.items())), value)
+             for labels, value in samples(text, "dispatch_admission_runtime_ready")]
     assert len(ready) == len({k for k, _ in ready})
     assert ((("kind", "ClusterTrainingRuntime"), ("name", "torch-distributed"), ("namespace", "")), 1.0) in ready
     unfit = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtimes_cannot_carry")}
@@ -347,7 +348,8 @@ def test_warn_mode_counts_and_logs_what_enforce_would_deny(tmp_path):
         counted = wait_for(lambda: samples(get(f"http://127.0.0.1:{metrics_port}/metrics")[1],
                                            "dispatch_admission_would_deny_total"))
         assert counted and all(value == 1 for _, value in counted)
-        line = wait_for(lambda: next((json.loads(ln) for ln in log.read_text().splitlines() if '"warned-1"' in ln), None))
+        line = wait_for(lambda: next((json.loads(ln) for ln in log.read_text().splitlines()
+                                      if '"warned-1"' in ln), None))
         assert line and line["allowed"] is True
         assert sorted((w["sentinel"], w["rule"]) for w in line["would_deny"]) == sorted(
             (labels["sentinel"], labels["rule"]) for labels, _ in counted)
@@ -388,7 +390,8 @@ def test_gunicorn_configuration_file_and_environment(tmp_path):
         assert wait_for(lambda: _workers(proc.pid) == 1)
         assert "Using worker: webhook.worker.Worker" in log.read_text()
         assert "worker_class='sync' ignored" in log.read_text()
-        r = requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca, timeout=10)
+        r = requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca,
+                          timeout=10)
         assert r.json()["response"]["allowed"] is True
     with webhook_server(tmp_path / "b", "--settings", SETTINGS, *RUNTIME_ARGS,
                         env={"GUNICORN_CMD_ARGS": f"--config {config} --threads 2"}) as (base, ca, log, proc):
@@ -397,7 +400,8 @@ def test_gunicorn_configuration_file_and_environment(tmp_path):
 
 
 def test_read_timeout_is_configurable(tmp_path):
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--read-timeout", "1") as (base, ca, log, proc):
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS,
+                        "--read-timeout", "1") as (base, ca, log, proc):
         with tls_socket(base, ca) as s:
             s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
             started = time.monotonic()

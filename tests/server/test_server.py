@@ -110,7 +110,8 @@ def test_health_ready_metrics(server):
     post(server, "/validate", review(trainjob()))
     # Counted just after the answer is written: polled.
     counted = 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}'
-    text = eventually(lambda: (lambda t: counted in t and t)(requests.get(base + "/metrics", verify=ca, timeout=5).text),
+    text = eventually(lambda: (lambda t: counted in t and t)(
+                          requests.get(base + "/metrics", verify=ca, timeout=5).text),
                       f"{counted} in /metrics")
     assert "dispatch_admission_review_seconds_bucket" in text
     assert 'dispatch_admission_bad_requests_total{code="415"}' in text

@@ -222,7 +222,8 @@ def test_spec_7_stalled_clients_cannot_starve_reviews(server):
     print("\nSPEC 7 figures:", json.dumps(figures))
 
     assert failures == [], failures[:5]
-    assert len(attacked["kept"]) >= 50 and len(attacked["new"]) >= 20, "too few reviews while the connections were stalled"
+    assert len(attacked["kept"]) >= 50 and len(attacked["new"]) >= 20, \
+        "too few reviews while the connections were stalled"
     assert max(every) < API_SERVER_TIMEOUT
     for kind in KINDS:
         got = lifetimes[kind]

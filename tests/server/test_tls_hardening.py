@@ -77,7 +77,8 @@ def test_tls_1_2_offers_only_ecdhe_aead_suites_by_default(tmp_path):
 
 
 def test_tls_minimum_version_1_3_refuses_1_2(tmp_path):
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--tls-min-version", "1.3") as (base, ca, _, _):
+    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS,
+                        "--tls-min-version", "1.3") as (base, ca, _, _):
         assert _handshake(base, ca) == "TLSv1.3"
         with pytest.raises((ssl.SSLError, ConnectionResetError)):
             _handshake(base, ca, ssl.TLSVersion.TLSv1_2)

@@ -25,7 +25,8 @@ from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
 
 
 def node_spec(entry, job=0):
-    return entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][job]["template"]["spec"]["template"]["spec"]
+    replicated_job = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][job]
+    return replicated_job["template"]["spec"]["template"]["spec"]
 
 
 # ---- envelope ----
@@ -142,7 +143,8 @@ def test_route1_entry_exactly():
 
 
 def test_route2_entry_exactly():
-    rts = RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})])
+    rts = RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}],
+                                               "containers": [{"name": "node"}]}})])
     adm = admission(ROUTE2, runtimes=rts)
     resp = answer(adm, trainjob())
     assert resp["allowed"]
@@ -150,9 +152,11 @@ def test_route2_entry_exactly():
     spec = node_spec(ops_of(resp)[0]["value"][0])
     assert spec == {
         "volumes": [{"name": "dispatch-publish", "emptyDir": {}}],
-        "initContainers": [{"name": "dispatch-publish", "env": [{"name": "DISPATCH_PUBLISH_DEST", "value": "/opt/dispatch"}],
+        "initContainers": [{"name": "dispatch-publish",
+                            "env": [{"name": "DISPATCH_PUBLISH_DEST", "value": "/opt/dispatch"}],
                             "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
-        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": True}]}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch",
+                                                          "readOnly": True}]}],
     }
 
 
@@ -312,7 +316,9 @@ def test_forged_entry_on_update_of_running_job_refused():
 
 
 def test_warnings_are_short_plain_sentences():
-    adm = admission(ROUTE2, runtimes=RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}], "containers": [{"name": "node"}]}})]))
+    adm = admission(ROUTE2,
+                    runtimes=RuntimeIndex([runtime(jobs={"node": {"initContainers": [{"name": "dispatch-publish"}],
+                                                                  "containers": [{"name": "node"}]}})]))
     warnings = answer(adm, trainjob())["warnings"]
     assert warnings and all(len(w) <= 120 and not w.lower().startswith("warning") for w in warnings)
 

@@ -66,7 +66,8 @@ def test_review_is_reproducible_with_now():
     assert a == b
 
 
-@pytest.mark.parametrize("stdin", ["not json", "[]", '{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}'])
+@pytest.mark.parametrize("stdin",
+                         ["not json", "[]", '{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}'])
 def test_review_unusable_input_exits_2(stdin):
     got = cli("review", "--settings", ROUTE1, *runtime_args(), stdin=stdin)
     assert got.returncode == 2 and got.stderr and not got.stdout

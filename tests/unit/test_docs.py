@@ -54,7 +54,8 @@ def test_one_version_everywhere():
     chart = yaml.safe_load((ROOT / "charts/dispatch-admission/Chart.yaml").read_text())
     assert __version__ == version
     assert (chart["version"], chart["appVersion"]) == (version, version)
-    releases = re.findall(r"(?m)^## \[?(\d+\.\d+\.\d+[^\] ]*)\]? - \d{4}-\d{2}-\d{2}$", (ROOT / "CHANGELOG.md").read_text())
+    releases = re.findall(r"(?m)^## \[?(\d+\.\d+\.\d+[^\] ]*)\]? - \d{4}-\d{2}-\d{2}$",
+                          (ROOT / "CHANGELOG.md").read_text())
     assert releases and releases[0] == version, f"CHANGELOG.md's latest release {releases[:1]} is not {version}"
 
 

@@ -147,7 +147,8 @@ def test_spec_5_s6_credential_volume_and_mount_path_are_the_webhooks():
 
 
 def test_spec_5_s6_applies_only_with_credentials():
-    job = trainjob(patches=[pod_patch("example.com/other", {"volumes": [{"name": "checkpoint-store", "emptyDir": {}}]})])
+    job = trainjob(patches=[pod_patch("example.com/other",
+                                      {"volumes": [{"name": "checkpoint-store", "emptyDir": {}}]})])
     assert answer(admission(ROUTE1), job)["allowed"]
 
 
@@ -166,7 +167,8 @@ class Faulty:
         return True
 
 
-@pytest.mark.parametrize("exc,sentinel", [(KeyError("boom"), "ErrInternal"), (RuntimeUnavailable("down"), "ErrUnavailable")])
+@pytest.mark.parametrize("exc,sentinel",
+                         [(KeyError("boom"), "ErrInternal"), (RuntimeUnavailable("down"), "ErrUnavailable")])
 def test_spec_4_a_fault_met_while_checking_keeps_the_reasons_found_before_it(exc, sentinel):
     job = trainjob(patches=[mount_patch("/opt/dispatch")], env=[{"name": "DISPATCH_X", "value": "1"}])
     resp = answer(admission(runtimes=Faulty(exc)), job, "validate")

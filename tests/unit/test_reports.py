@@ -24,7 +24,8 @@ def test_a_result_per_object_and_rule():
     b.add(job("bad", Verdict.VIOLATION, S3, R7))
     b.add(job("old", Verdict.NO_ENTRY))
     b.add(job("stale", Verdict.STALE_ENTRY))
-    b.add(job("down", Verdict.VIOLATION, Reason(ErrUnavailable, "spec.runtimeRef", "cannot be read now", "unavailable")))
+    b.add(job("down", Verdict.VIOLATION,
+              Reason(ErrUnavailable, "spec.runtimeRef", "cannot be read now", "unavailable")))
     doc = b.document()
     assert doc["apiVersion"] == "openreports.io/v1alpha1" and doc["kind"] == "Report"
     assert doc["metadata"] == {"name": "dispatch-admission", "namespace": "team-a",

@@ -72,7 +72,8 @@ def keep_changed():
 
 # rule -> (settings or None, runtime source or None, object, old object or None, endpoints where enforce denies it)
 CASES = {
-    "S1": (None, None, trainjob(patches=[pod_patch("a.io/x", {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}]})]),
+    "S1": (None, None,
+           trainjob(patches=[pod_patch("a.io/x", {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}]})]),
            None, ("mutate", "validate")),
     "S2": (None, None, trainjob(patches=[mount_patch("/opt//dispatch/x")]), None, ("mutate", "validate")),
     "S3": (None, None, trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]), None, ("mutate", "validate")),
@@ -320,7 +321,8 @@ def test_spec_6_4_a_field_inside_an_entry_is_shortened_to_its_job():
 
 # ---- SPEC 8.1: in warn, no S5 blame for an entry the mutating endpoint left out on purpose ----
 
-@pytest.mark.parametrize("job,rule", [(trainjob(runtime_name="no-node"), "R3"), (trainjob(runtime_name="missing"), "R2"),
+@pytest.mark.parametrize("job,rule",
+                         [(trainjob(runtime_name="no-node"), "R3"), (trainjob(runtime_name="missing"), "R2"),
                                       (trainjob(patches=[{"manager": f"m{i}.io/x"} for i in range(16)]), "R8")])
 def test_spec_8_1_warn_validate_gives_the_reasons_that_kept_the_entry_out(job, rule):
     a = adm(mode=Enforcement.WARN)

@@ -32,7 +32,8 @@ def denied(resp, code, sentinel):
 
 @pytest.mark.parametrize("endpoint", ["mutate", "validate"])
 def test_s1_reserved_volume_in_another_entry(endpoint):
-    job = trainjob(patches=[pod_patch("example.com/other", {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}]})])
+    job = trainjob(patches=[pod_patch("example.com/other",
+                                      {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}]})])
     st = denied(answer(admission(), job, endpoint), 422, "ErrInvalid")
     assert st["details"]["causes"][0]["field"].endswith("volumes[0].name")
 
@@ -90,14 +91,16 @@ def test_s3_dispatch_env_in_another_entry():
 
 
 def test_s3_similar_names_allowed():
-    assert answer(admission(), trainjob(env=[{"name": "dispatch_x", "value": "1"}, {"name": "XDISPATCH_", "value": ""}]))["allowed"]
+    assert answer(admission(),
+                  trainjob(env=[{"name": "dispatch_x", "value": "1"}, {"name": "XDISPATCH_", "value": ""}]))["allowed"]
 
 
 # ---- S4 ----
 
 def forged(**change):
     entry = pod_patch(MANAGER, {
-        "volumes": [{"name": "dispatch-publish", "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
+        "volumes": [{"name": "dispatch-publish",
+                     "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
         "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
     })
     entry.update(change)
@@ -177,7 +180,8 @@ def test_r2_missing_cluster_runtime():
 
 def test_r2_training_runtime_is_looked_up_in_the_trainjob_namespace():
     rts = RuntimeIndex([runtime("mine", kind="TrainingRuntime", namespace="team-b")])
-    assert answer(admission(runtimes=rts), trainjob(namespace="team-b", runtime_name="mine", kind="TrainingRuntime"))["allowed"]
+    assert answer(admission(runtimes=rts),
+                  trainjob(namespace="team-b", runtime_name="mine", kind="TrainingRuntime"))["allowed"]
     denied(answer(admission(runtimes=rts), trainjob(namespace="team-a", runtime_name="mine", kind="TrainingRuntime")),
            404, "ErrNotFound")
     # A ClusterTrainingRuntime of the same name is not a TrainingRuntime.
@@ -227,7 +231,8 @@ def test_r4_route1_does_not_need_it():
     {"volumes": [{"name": "dispatch-publish", "emptyDir": {}}], "containers": [{"name": "node"}]},
     {"volumes": [{"name": "checkpoint-store", "emptyDir": {}}], "containers": [{"name": "node"}]},
     {"containers": [{"name": "node", "volumeMounts": [{"name": "v", "mountPath": "/opt/dispatch"}]}]},
-    {"containers": [{"name": "node"}], "initContainers": [{"name": "i", "volumeMounts": [{"name": "v", "mountPath": "//opt/dispatch/x/"}]}]},
+    {"containers": [{"name": "node"}],
+     "initContainers": [{"name": "i", "volumeMounts": [{"name": "v", "mountPath": "//opt/dispatch/x/"}]}]},
 ])
 def test_r5_runtime_already_uses_the_reserved_names_or_path(pod):
     rts = RuntimeIndex([runtime(jobs={"node": pod})])
@@ -236,7 +241,9 @@ def test_r5_runtime_already_uses_the_reserved_names_or_path(pod):
 
 def test_r5_other_jobs_of_the_runtime_count_too():
     rts = RuntimeIndex([runtime(jobs={"node": {"containers": [{"name": "node"}]},
-                                      "init": {"containers": [{"name": "x", "volumeMounts": [{"name": "v", "mountPath": "/opt/dispatch"}]}]}})])
+                                      "init": {"containers": [{"name": "x",
+                                                               "volumeMounts": [{"name": "v",
+                                                                                 "mountPath": "/opt/dispatch"}]}]}})])
     denied(answer(admission(runtimes=rts), trainjob()), 403, "ErrUnsupported")
 
 
@@ -270,7 +277,8 @@ def node_mounting(path: str, container: str = "node") -> dict:
         {"name": container, "volumeMounts": [{"name": "data", "mountPath": path}]}]}})
 
 
-@pytest.mark.parametrize("path", ["/var/run/dispatch/creds", "/var/run/dispatch/creds/sub", "//var/run/dispatch/creds/"])
+@pytest.mark.parametrize("path",
+                         ["/var/run/dispatch/creds", "/var/run/dispatch/creds/sub", "//var/run/dispatch/creds/"])
 def test_r5_a_node_mount_at_or_under_a_credentials_path(path):
     """SPEC 5 R5: Trainer merges mounts by path, so the credential and the runtime's mount would replace one another."""
     rts = RuntimeIndex([node_mounting(path)])
@@ -300,7 +308,8 @@ def test_r5_mpi_ssh_auth_mount_path_overlapping_a_credential(ssh_path, cred_path
     assert "sshAuthMountPath" in st["message"] and "move credential 'keys'" in st["message"], st["message"]
 
 
-@pytest.mark.parametrize("ssh_path,cred_path,mpi", [(None, "/root/.sshkeys", True), ("/home/mpi/.ssh", "/root/.ssh", True),
+@pytest.mark.parametrize("ssh_path,cred_path,mpi",
+                         [(None, "/root/.sshkeys", True), ("/home/mpi/.ssh", "/root/.ssh", True),
                                                      (None, "/root/.ssh", False)])
 def test_r5_ssh_paths_beside_a_credential_or_without_mpi_are_fine(ssh_path, cred_path, mpi):
     creds = {"credentials": [{"name": "keys", "secret": "s", "mountPath": cred_path}]}
@@ -356,7 +365,8 @@ def test_r6_num_proc_per_node_needs_torch():
 
 # ---- R7 ----
 
-@pytest.mark.parametrize("name", ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"])
+@pytest.mark.parametrize("name",
+                         ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"])
 def test_r7_torch_reserved_env(name):
     st = denied(answer(admission(), trainjob(env=[{"name": name, "value": "1"}])), 422, "ErrInvalid")
     assert fields({"status": st}) == ["spec.trainer.env[0].name"]

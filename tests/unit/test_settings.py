@@ -88,11 +88,14 @@ def test_image_with_registry_port_accepted():
     ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/"}]}, "credentials[0].mountPath"),
     ({"credentials": [{"name": "a", "secret": "s", "mountPath": "//opt/./dispatch/"}]}, "credentials[0].mountPath"),
     ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/x/../opt/dispatch"}]}, "credentials[0].mountPath"),
-    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"}, {"name": "a", "secret": "t", "mountPath": "/d"}]},
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"},
+                      {"name": "a", "secret": "t", "mountPath": "/d"}]},
      "credentials[1].name"),
-    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"}, {"name": "b", "secret": "t", "mountPath": "/c/d"}]},
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c"},
+                      {"name": "b", "secret": "t", "mountPath": "/c/d"}]},
      "credentials[1].mountPath"),
-    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c/"}, {"name": "b", "secret": "t", "mountPath": "//c"}]},
+    ({"credentials": [{"name": "a", "secret": "s", "mountPath": "/c/"},
+                      {"name": "b", "secret": "t", "mountPath": "//c"}]},
      "credentials[1].mountPath"),
 ])
 def test_refusals_name_the_key_path(doc, field):

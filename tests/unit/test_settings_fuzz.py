@@ -20,8 +20,10 @@ keys = st.sampled_from(["manager", "publish", "credentials", "image", "via", "in
 near_valid = st.fixed_dictionaries({}, optional={
     "manager": st.one_of(st.just("example.com/m"), st.text(max_size=20), json_values),
     "publish": st.one_of(st.fixed_dictionaries({"image": st.sampled_from([IMAGE, "p:v1", IMAGE.upper(), IMAGE + "\n"])},
-                                               optional={"via": st.sampled_from(["imageVolume", "initContainer", "x", None]),
-                                                         "initContainer": st.sampled_from(["dispatch-publish", "A", ""])}),
+                                               optional={"via": st.sampled_from(["imageVolume", "initContainer", "x",
+                                                                                 None]),
+                                                         "initContainer": st.sampled_from(["dispatch-publish", "A",
+                                                                                           ""])}),
                          json_values),
     "credentials": st.lists(st.fixed_dictionaries({}, optional={
         "name": st.sampled_from(["a", "b", "dispatch-publish", "UP", ""]),

@@ -97,7 +97,8 @@ def test_unschedulable_is_not_an_end_until_the_timeout_and_then_names_the_schedu
 
 
 def test_the_scheduler_event_is_read_when_the_condition_has_no_message():
-    st = v.classify(stored(), [pod(scheduled=False)], [event("FailedScheduling", "0/3 nodes: Insufficient nvidia.com/gpu")],
+    st = v.classify(stored(), [pod(scheduled=False)],
+                    [event("FailedScheduling", "0/3 nodes: Insufficient nvidia.com/gpu")],
                     MANAGER)
     assert "Insufficient nvidia.com/gpu" in st.waiting
 
@@ -242,7 +243,8 @@ def test_template_checks_name_a_read_write_mount_and_another_digest():
 def test_template_checks_without_settings_read_the_entry_and_route2_the_init_container():
     assert all(c.ok for c in v.template_checks(pod(), ENTRY1, None))
     checks = v.template_checks(pod(route2=True), ENTRY2, None)
-    assert [c.what for c in checks] == ["node container mount", "publish volume", "init container dispatch-publish mount"]
+    assert [c.what for c in checks] == ["node container mount", "publish volume",
+                                        "init container dispatch-publish mount"]
     assert all(c.ok for c in checks)
     stale = Entry.build(parse(json.dumps({"publish": {"image": IMAGE[:-1] + "1"}})), ["node"])
     assert not v.template_checks(pod(), ENTRY1, S1, stale)[0].ok
@@ -399,7 +401,8 @@ def test_run_ran_reports_and_deletes():
 def test_run_times_out_at_scheduled_and_still_deletes():
     cluster = FakeCluster(script=[[pod(scheduled=False, unschedulable_message="0/1 nodes: Insufficient cpu")]])
     code, out, _ = _run(cluster, timeout=5)
-    assert code == 1 and "FAILED at scheduled: not scheduled after 5s: Unschedulable: 0/1 nodes: Insufficient cpu" in out
+    assert code == 1
+    assert "FAILED at scheduled: not scheduled after 5s: Unschedulable: 0/1 nodes: Insufficient cpu" in out
     assert cluster.deleted and not cluster.jobs
 
 

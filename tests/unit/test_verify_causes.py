@@ -156,8 +156,8 @@ def test_a_claim_that_does_not_exist_ends_at_once_and_one_not_bound_is_waited_fo
     assert st.done and st.failure.stage is v.Stage.SCHEDULED and st.failure.cause == causes.PVC_MISSING
     assert st.failure.message == ('Unschedulable: 0/1 nodes are available: persistentvolumeclaim "no-claim" not found.'
                                   ' not found')
-    assert st.failure.hint == f"create the PersistentVolumeClaim no-claim in namespace {NS}, or verify a runtime that " \
-                              "does not mount it"
+    assert st.failure.hint == (f"create the PersistentVolumeClaim no-claim in namespace {NS}, or verify a runtime "
+                               "that does not mount it")
     for name in ("pending-claim", "pending-claim-class"):
         st = seen(name)
         assert not st.done and st.cause == causes.PVC_PENDING, name

@@ -34,6 +34,7 @@ from .secret import (
                     write_served,
 )
 
-__all__ = ["CA_DAYS", "CertificateController", "FILES", "RENEW_BEFORE", "SERVING_DAYS", "ReloadingContext", "SelfManaged", "ensure_secret",
+__all__ = ["CA_DAYS", "CertificateController", "FILES", "RENEW_BEFORE", "SERVING_DAYS", "ReloadingContext",
+           "SelfManaged", "ensure_secret",
            "hashes", "inject_ca_bundle", "make_ca", "make_leaf", "new_files", "pem_cert", "pem_key", "service_names",
            "usable", "write_dev_pair", "write_file", "write_served"]

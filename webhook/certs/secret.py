@@ -37,7 +37,8 @@ def usable(files: dict[str, bytes], names: list[str], now: dt.datetime | None = 
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, x509.ExtensionNotFound):
         return False
-    covered = {str(n) for n in san.get_values_for_type(x509.DNSName)} | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    covered = ({str(n) for n in san.get_values_for_type(x509.DNSName)}
+               | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)})
     same_key = key.public_key().public_numbers() == cert.public_key().public_numbers()
     try:
         cert.verify_directly_issued_by(ca)  # the name alone is not enough: every CA we make has the same one
@@ -101,9 +102,9 @@ RUNTIMES_SUFFIX = "-runtimes"
 
 
 def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
-    """Write the CA (one PEM certificate, or several concatenated) into every webhook of the named Mutating and Validating configurations, and of the
-    ValidatingWebhookConfiguration `<configuration>-runtimes` (the chart's runtime warnings) when it exists;
-    return how many changed."""
+    """Write the CA (one PEM certificate, or several concatenated) into every webhook of the named Mutating and
+    Validating configurations, and of the ValidatingWebhookConfiguration `<configuration>-runtimes` (the chart's
+    runtime warnings) when it exists; return how many changed."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -112,7 +113,8 @@ def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
     changed = 0
     for read, patch, name, optional in (
             (adm.read_mutating_webhook_configuration, adm.patch_mutating_webhook_configuration, configuration, False),
-            (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration, configuration, False),
+            (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration, configuration,
+             False),
             (adm.read_validating_webhook_configuration, adm.patch_validating_webhook_configuration,
              configuration + RUNTIMES_SUFFIX, True)):
         try:

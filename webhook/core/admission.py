@@ -156,7 +156,8 @@ W_PUT_BACK = "put back the runtimePatches entry of the webhook's manager, which 
 # The entry is written on CREATE only (SPEC 6.3): the CRD makes an entry's volumes immutable, and JobSet refuses
 # a volume change to an existing JobSet's pod template, so an entry added later would keep the job from resuming.
 W_NO_ENTRY = "this TrainJob has no publish entry: it runs without /opt/dispatch/publish; recreate it to get the mount"
-W_ROUTE2 = "publish.via initContainer (route 2) has not been run end to end on your cluster: test it before relying on it"
+W_ROUTE2 = ("publish.via initContainer (route 2) has not been run end to end on your cluster: "
+            "test it before relying on it")
 
 
 def w_would_deny(reason: Reason) -> str:

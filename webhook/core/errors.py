@@ -92,7 +92,8 @@ def message(reasons: list[Reason], first: Sentinel | None = None, shown: list[Re
     """`SENTINEL: FIELD: TEXT; FIELD: TEXT`; a reason of another sentinel names its own. At most 16 KiB."""
     first = first or primary(reasons)
     shown = shown if shown is not None else _bounded(reasons)[0]
-    parts = [f"{r.field}: {r.text}" if r.sentinel is first else f"{r.field}: {r.sentinel.label}: {r.text}" for r in shown]
+    parts = [f"{r.field}: {r.text}" if r.sentinel is first else f"{r.field}: {r.sentinel.label}: {r.text}"
+             for r in shown]
     text = f"{first.label}: " + "; ".join(parts)
     if len(text.encode()) > MAX_MESSAGE:
         cut = text.encode()[: MAX_MESSAGE - 64].decode(errors="ignore")
@@ -115,7 +116,8 @@ def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org"
             "group": group,
             "kind": kind,
             "causes": [
-                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.label}: {r.text}"[:2048], "field": r.field[:1024]}
+                {"reason": r.sentinel.cause_type, "message": f"{r.sentinel.label}: {r.text}"[:2048],
+                 "field": r.field[:1024]}
                 for r in shown
             ],
         },

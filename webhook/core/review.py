@@ -82,7 +82,8 @@ def warning(text: str) -> str:
 
 _QUOTED = re.compile(rf"'([^']{{{LONG_NAME + 1},}})'")
 # A field inside a runtimePatches entry repeats the path to the pod spec: kept to the job and what follows.
-_POD_PATH = re.compile(r"\.trainingRuntimeSpec\.template\.spec\.(replicatedJobs\[\d+\])\.template\.spec\.template\.spec\.")
+_POD_PATH = re.compile(r"\.trainingRuntimeSpec\.template\.spec\.(replicatedJobs\[\d+\])"
+                       r"\.template\.spec\.template\.spec\.")
 
 
 def short_name(name: str) -> str:

@@ -112,7 +112,8 @@ def containers(pod: PodSpec, walk: Walk) -> list[tuple[str, str, dict]]:
 
 
 def mounts(container: dict, path: str, walk: Walk) -> list[tuple[str, dict]]:
-    return [(f"{path}.volumeMounts[{i}]", m) for i, m in walk.items(container.get("volumeMounts"), f"{path}.volumeMounts")]
+    return [(f"{path}.volumeMounts[{i}]", m) for i, m in walk.items(container.get("volumeMounts"),
+                                                                    f"{path}.volumeMounts")]
 
 
 def volumes(pod: PodSpec, walk: Walk) -> list[tuple[str, dict]]:
@@ -164,7 +165,8 @@ def scan(spec: dict, settings: Settings, reasons: Reasons) -> Scan:
             if own is None:
                 own = Own(i, entry)
             else:
-                reasons.add(ErrInvalid, f"spec.runtimePatches[{i}].manager", f"{manager!r} appears more than once", "S4")
+                reasons.add(ErrInvalid, f"spec.runtimePatches[{i}].manager", f"{manager!r} appears more than once",
+                            "S4")
             continue
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
             _entry_pod_rules(pod, settings, walk, reasons)
@@ -172,7 +174,8 @@ def scan(spec: dict, settings: Settings, reasons: Reasons) -> Scan:
     for path, name in env:
         if _is_reserved_env(name):  # S3
             reasons.add(ErrInvalid, f"{path}.name",
-                        f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter", "S3")
+                        f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter",
+                        "S3")
     count = len(patches) if isinstance(patches, list) else 0
     return Scan(count, patches is None or isinstance(patches, list), own, tuple(env))
 
@@ -183,7 +186,8 @@ def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reas
         name = vol.get("name")
         if _is_publish_volume(name):  # S1
             reasons.add(ErrInvalid, f"{path}.name",
-                        f"volume name {name!r} is (or looks like) {PUBLISH_VOLUME!r}, reserved for the webhook's publish volume",
+                        f"volume name {name!r} is (or looks like) {PUBLISH_VOLUME!r}, "
+                        "reserved for the webhook's publish volume",
                         "S1")
         for cred in creds:
             if _looks_like(name, cred.name):  # S6: Trainer merges volumes by name
@@ -198,10 +202,12 @@ def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reas
                 looks = normal if mount_path.isascii() else paths.normalise(paths.skeleton(mount_path))
                 if paths.within(normal, paths.PUBLISH_DIR):  # S2
                     reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                                f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount", "S2")
+                                f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount",
+                                "S2")
                 elif paths.within(looks, paths.PUBLISH_DIR):  # S2, look-alikes
                     reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                                f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)", "S2")
+                                f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)",
+                                "S2")
                 for cred in creds:  # S6: Trainer merges mounts by path
                     if paths.within(normal, cred.mount_root) or paths.within(looks, cred.mount_root):
                         reasons.add(ErrInvalid, f"{mpath}.mountPath",
@@ -214,7 +220,8 @@ def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reas
             name = env.get("name")
             if _is_reserved_env(name):  # S3, for patched containers too
                 reasons.add(ErrInvalid, f"{cpath}.env[{i}].name",
-                            f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter", "S3")
+                            f"{name!r}: names starting with {RESERVED_ENV_PREFIX} "
+                            "are reserved for the dispatch adapter", "S3")
 
 
 def _looks_like(name, reserved: str) -> bool:

@@ -10,8 +10,8 @@ names and, per replicated job, the names of its containers, init containers and 
 under /opt/dispatch and the `node` container's mount paths. Nothing else of the object is kept (images,
 commands, env, resources and managedFields are most of it), so a cache of 10,000 runtimes is small, and
 what is kept of one runtime is bounded by counts and bytes (MAX_JOBS, MAX_NAMES, MAX_STORED_BYTES): a
-runtime past them is kept as too large to check. What the rules decide of it for given settings (`rules.runtime_facts`, the entry) is
-worked out once per settings and kept with it.
+runtime past them is kept as too large to check. What the rules decide of it for given settings
+(`rules.runtime_facts`, the entry) is worked out once per settings and kept with it.
 """
 
 from __future__ import annotations

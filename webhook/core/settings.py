@@ -114,8 +114,9 @@ def schema() -> dict:
                 "required": ["image"],
                 "properties": {
                     "image": {
-                        "description": ("The publish image, NAME@sha256:<64 lower-case hex digits>, no tag (a registry port is"
-                                        " not a tag: host:5000/p@sha256:... and [fd00::1]:5000/p@sha256:... are fine)."),
+                        "description": ("The publish image, NAME@sha256:<64 lower-case hex digits>, no tag"
+                                        " (a registry port is not a tag: host:5000/p@sha256:... and"
+                                        " [fd00::1]:5000/p@sha256:... are fine)."),
                         "type": "string",
                         "pattern": images.PINNED_PATTERN,
                     },
@@ -125,8 +126,8 @@ def schema() -> dict:
                         "default": ROUTE_IMAGE_VOLUME,
                     },
                     "initContainer": {
-                        "description": ("Route 2 only: the init container, defined by the runtime, that copies the binary to"
-                                        " $DISPATCH_PUBLISH_DEST."),
+                        "description": ("Route 2 only: the init container, defined by the runtime, that copies"
+                                        " the binary to $DISPATCH_PUBLISH_DEST."),
                         "type": "string",
                         "maxLength": 63,
                         "pattern": DNS1123_LABEL,
@@ -216,7 +217,8 @@ def _key_path(parts) -> str:
 def _walk_strict(value, where: str, reasons: Reasons) -> None:
     """Refuse what json and the Schema let through: duplicate keys and nulls, at any depth."""
     if value is None:
-        reasons.add(ErrInvalid, where or "(document)", "null is not allowed: it would read as unset and take the default")
+        reasons.add(ErrInvalid, where or "(document)",
+                    "null is not allowed: it would read as unset and take the default")
     elif isinstance(value, dict):
         for dup in getattr(value, "duplicates", ()):
             reasons.add(ErrInvalid, _join(where, dup), "duplicate key")
@@ -267,9 +269,11 @@ def _schema_reasons(doc, reasons: Reasons) -> None:
             for missing in (k for k in err.validator_value if k not in present):
                 reasons.add(ErrInvalid, _join(base, missing), "required", RULE_SETTINGS)
         elif v == "type":
-            reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}", RULE_SETTINGS)
+            reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}",
+                        RULE_SETTINGS)
         elif v == "enum":
-            reasons.add(ErrInvalid, where, f"must be one of {', '.join(err.validator_value)}, not {_show(err.instance)}",
+            reasons.add(ErrInvalid, where,
+                        f"must be one of {', '.join(err.validator_value)}, not {_show(err.instance)}",
                         RULE_SETTINGS)
         elif v == "not":
             reasons.add(ErrInvalid, where, f"{_show(err.instance)} is reserved for the publish volume", RULE_SETTINGS)
@@ -308,7 +312,8 @@ def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
         if name is None:
             continue
         if name in seen_names:
-            reasons.add(ErrInvalid, f"credentials[{i}].name", f"{name!r} is already used by credentials[{seen_names[name]}]")
+            reasons.add(ErrInvalid, f"credentials[{i}].name",
+                        f"{name!r} is already used by credentials[{seen_names[name]}]")
         seen_names.setdefault(name, i)
         if paths.overlaps(mount, paths.PUBLISH_DIR):
             reasons.add(ErrInvalid, f"credentials[{i}].mountPath",

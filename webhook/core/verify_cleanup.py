@@ -147,7 +147,8 @@ def render_cleanup(results: list[tuple[Leftover, str]], where: str, output: str 
             result = "kept: not expired (a verify may still follow it)"
         rows.append((p.namespace, p.name, p.run or "-", expires, result))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows] if results else []
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+             for r in rows] if results else []
     removed = sum(r == REMOVED for _, r in results)
     summary = f"removed {removed} of {len(results)} probes {where}"
     if any(r == KEPT for _, r in results):
