@@ -19,12 +19,12 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import patch, rules
 from .errors import (
@@ -36,15 +36,17 @@ from .errors import (
     ErrUnavailable,
     Reason,
     Reasons,
+    Sentinel,
     primary,
 )
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_reason, short_text
-from .rules import Own, RuntimeFacts
+from .rules import Own, RuntimeFacts, RuntimeRef
 from .runtimes import GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")  # what a guarded check returns
 
 TRAINJOBS = PLURALS[TRAINJOB_KIND]
 RUNTIME_RESOURCES = {PLURALS[kind]: kind for kind in KINDS}  # resource -> kind
@@ -113,7 +115,7 @@ class Plan:
     def manager(self) -> str:
         return self.settings.manager
 
-    def stale(self, entry: dict) -> bool:
+    def stale(self, entry: dict[str, Any]) -> bool:
         """The entry differs from what the settings produce now (they were rolled out since)."""
         return not self.configured or (self.entry is not None and not self.entry.matches(entry))
 
@@ -188,6 +190,7 @@ def mutation(p: Plan) -> Decision:
         if p.configured and _route2(p.settings) and not reasons:
             warnings.append(W_ROUTE2)
     elif p.stage is Stage.KEEP:
+        assert p.old_own is not None  # KEEP: the old object holds the entry
         if p.own is None:  # a re-applied manifest that never held it: put it back as it was
             if rules.room_for_entry(p.count, reasons):
                 ops.append(patch.insert_op(p.spec, p.old_own.index, json.dumps(p.old_own.entry)))
@@ -238,6 +241,7 @@ def validation(p: Plan, *, warn: bool = False) -> Decision:
 def _immutable(p: Plan, reasons: Reasons) -> None:
     """The entry once written is never rewritten (Trainer's CRD makes it immutable); a stale one is kept
     as it is, unsaid (SPEC 6.3: `audit` reports it)."""
+    assert p.own is not None and p.old_own is not None  # KEEP, and the new object holds the entry too
     if not patch.same(p.own.entry, p.old_own.entry):
         reasons.add(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
                     f"the entry of manager {p.manager!r} is immutable once written; recreate the TrainJob to change it",
@@ -246,6 +250,7 @@ def _immutable(p: Plan, reasons: Reasons) -> None:
 
 def _s4_added(p: Plan, reasons: Reasons) -> None:
     """An entry of the webhook's manager that an update brings to a job created without one: judged by S4."""
+    assert p.own is not None
     if not p.configured:
         reasons.extend(_s4_unconfigured(p))
     elif p.entry is None:
@@ -257,11 +262,13 @@ def _s4_added(p: Plan, reasons: Reasons) -> None:
 
 
 def _s4(p: Plan, reasons: Reasons) -> None:
+    assert p.own is not None
     reasons.add(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
                 f"the entry of manager {p.manager!r} differs from what the webhook's settings produce", "S4")
 
 
 def _s4_unconfigured(p: Plan) -> list[Reason]:
+    assert p.own is not None
     return [Reason(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
                    f"an entry of manager {p.manager!r} is not allowed: this webhook has no publish or credentials"
                    " configured", "S4")]
@@ -271,7 +278,8 @@ def _route2(settings: Settings) -> bool:
     return settings.publish is not None and settings.publish.via == ROUTE_INIT_CONTAINER
 
 
-def enforce(decision: Decision, verb: Verb, enforcement: Enforcement) -> tuple[Decision, tuple]:
+def enforce(decision: Decision, verb: Verb,
+            enforcement: Enforcement) -> tuple[Decision, tuple[tuple[str, str], ...]]:
     """SPEC 8.1 in one place: in `warn`, what `enforce` would deny is allowed, unchanged, and told.
 
     The mutating endpoint then adds nothing (an entry on an object `enforce` would refuse would make
@@ -285,19 +293,19 @@ def enforce(decision: Decision, verb: Verb, enforcement: Enforcement) -> tuple[D
     return Decision(warnings=_unique(decision.warnings + told)), counted
 
 
-def _unique(items) -> tuple:
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
 # ---- reading a review ----
 
 
-def _meta(obj) -> dict:
+def _meta(obj: object) -> dict[str, Any]:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta if isinstance(meta, dict) else {}
 
 
-def _runtime_inputs(spec: dict) -> tuple:
+def _runtime_inputs(spec: dict[str, Any]) -> tuple[Any, ...]:
     """What the runtime rules (R1 to R8) read of a TrainJob (SPEC 6.3): an update that changes none of it
     never reads the runtime."""
     trainer = spec.get("trainer")
@@ -311,7 +319,7 @@ _ENTRY_FIELD = re.compile(r"^spec\.runtimePatches\[(\d+)\]")
 _ENV_FIELD = re.compile(r"^spec\.trainer\.env\[\d+\]")
 
 
-def _ratchet_key(reason: Reason, spec: dict) -> tuple:
+def _ratchet_key(reason: Reason, spec: dict[str, Any]) -> tuple[Sentinel, str, str]:
     """A reason as ratcheting compares it (SPEC 6.3): by sentinel, field and text, an entry's field named by
     its manager rather than its index (another entry put before it moves the index, not the reason), and
     spec.trainer.env's by the name the text carries."""
@@ -329,7 +337,7 @@ def _ratchet_key(reason: Reason, spec: dict) -> tuple:
     return reason.sentinel, field, reason.text
 
 
-def ratchet(new: list[Reason], new_spec: dict, old: list[Reason], old_spec: dict) -> list[Reason]:
+def ratchet(new: list[Reason], new_spec: dict[str, Any], old: list[Reason], old_spec: dict[str, Any]) -> list[Reason]:
     """The reasons of the new object that the old one, judged the same way, does not give (counted, so a
     second equal violation is new)."""
     if not old:
@@ -345,11 +353,11 @@ def ratchet(new: list[Reason], new_spec: dict, old: list[Reason], old_spec: dict
     return out
 
 
-def json_equal(a, b) -> bool:
+def json_equal(a: Any, b: Any) -> bool:
     return a == b and patch._json_equal(a, b)
 
 
-def _target(req: AdmissionRequest, resources) -> str | None:
+def _target(req: AdmissionRequest, resources: tuple[str, ...]) -> str | None:
     """The resource a CREATE or UPDATE of a main resource of Trainer's group is for, else None."""
     if req.get("operation") not in ("CREATE", "UPDATE") or req.get("subResource"):
         return None
@@ -358,12 +366,13 @@ def _target(req: AdmissionRequest, resources) -> str | None:
         return res.get("resource") if res.get("group") == GROUP and res.get("resource") in resources else None
     kind = req.get("kind")
     if isinstance(kind, dict) and kind.get("group") == GROUP:
-        found = BY_KIND.get(kind.get("kind"))
+        kind_name: Any = kind.get("kind")  # any JSON value: one not in BY_KIND finds nothing
+        found = BY_KIND.get(kind_name)
         return found if found in resources else None
     return None
 
 
-def _guarded(reasons: Reasons, check: Callable, *args):
+def _guarded(reasons: Reasons, check: Callable[..., T], *args: Any) -> T | None:
     """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
     try:
         return check(*args)
@@ -444,7 +453,7 @@ class Admission:
 
     # ---- per-runtime facts, worked out once per runtime and settings, and kept with it ----
 
-    def facts(self, runtime: Runtime | dict) -> tuple[RuntimeFacts, Entry | None]:
+    def facts(self, runtime: Runtime | dict[str, Any]) -> tuple[RuntimeFacts, Entry | None]:
         decided = self._decided(self._live, Runtime.of(runtime))
         return decided.facts, decided.entry
 
@@ -452,7 +461,8 @@ class Admission:
     def _decided(live: _Live, runtime: Runtime) -> Decided:
         memo = runtime.memo[0]  # one read: another thread may replace it, never half of it
         if memo is not None and memo[0] is live.settings and memo[1] is live.previous:
-            return memo[2]
+            kept: Decided = memo[2]
+            return kept
         settings, prev = live.settings, live.previous
         facts = rules.runtime_facts(runtime, settings)
         targets = facts.targets
@@ -516,9 +526,12 @@ class Admission:
         if operation == "UPDATE" and not isinstance(old, dict):
             raise BadReview("request.oldObject must be an object for UPDATE")
         meta = _meta(obj)
-        name = meta.get("name") if isinstance(meta.get("name"), str) else str(req.get("name") or "")
-        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) and meta.get("namespace") else \
-            str(req.get("namespace") or "")
+        name = meta.get("name")
+        if not isinstance(name, str):
+            name = str(req.get("name") or "")
+        namespace = meta.get("namespace")
+        if not (isinstance(namespace, str) and namespace):
+            namespace = str(req.get("namespace") or "")
         live = self._live
         if old is not None and (meta.get("deletionTimestamp") or _meta(old).get("deletionTimestamp")):
             return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.DELETING,
@@ -527,14 +540,14 @@ class Admission:
             return self._plan_create(live, operation, namespace, name, obj)
         return self._plan_update(live, operation, namespace, name, obj, old)
 
-    def _spec(self, obj: dict, reasons: Reasons) -> tuple[Any, dict]:
+    def _spec(self, obj: dict[str, Any], reasons: Reasons) -> tuple[Any, dict[str, Any]]:
         """(spec as sent, spec as a dict to walk): a spec that is no object is a reason, walked as empty."""
         value = obj.get("spec")
         if value.__class__ is dict:
             return value, value
         return value, rules.Walk(reasons, rule="S2").obj(value, "spec") or {}
 
-    def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict) -> Plan:
+    def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any]) -> Plan:
         settings = live.settings
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
@@ -551,10 +564,13 @@ class Admission:
                     previous=previous, clock=self.clock.stamp, reasons=tuple(reasons),
                     runtime_reasons=tuple(runtime_reasons))
 
-    def _plan_update(self, live: _Live, operation: str, namespace: str, name: str, obj: dict, old: dict) -> Plan:
+    def _plan_update(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any],
+                     old: dict[str, Any]) -> Plan:
         """SPEC 6.3: the old object judged the same way; only what it does not already give refuses."""
         settings = live.settings
-        old_spec = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+        old_spec = old.get("spec")
+        if not isinstance(old_spec, dict):
+            old_spec = {}
         old_own = rules.find_own(old_spec, settings.manager)
         stage = Stage.KEEP if old_own else Stage.NO_ENTRY
         spec_value = obj.get("spec")
@@ -572,7 +588,7 @@ class Admission:
         runtime_reasons = Reasons()
         entry = None
         if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
-            lookups: dict = {}  # one read per runtime named, shared by both objects
+            lookups: dict[RuntimeRef, _Lookup] = {}  # one read per runtime named, shared by both objects
             got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
                            runtime_reasons, lookups)
             entry = got[0] if got else None
@@ -586,7 +602,7 @@ class Admission:
                     spec=spec_value, count=found.count, readable=found.readable, own=found.own, old_own=old_own,
                     entry=entry, clock=self.clock.stamp, reasons=tuple(new), runtime_reasons=tuple(runtime_reasons))
 
-    def _lookup(self, ref, lookups: dict) -> _Lookup:
+    def _lookup(self, ref: RuntimeRef, lookups: dict[RuntimeRef, _Lookup]) -> _Lookup:
         """R2 and availability: the runtime `ref` names, read once per review."""
         found = lookups.get(ref)
         if found is None:
@@ -603,8 +619,9 @@ class Admission:
             found = lookups[ref] = _Lookup(runtime, tuple(reasons))
         return found
 
-    def _runtime_rules(self, live: _Live, spec: dict, namespace: str, env, reasons: Reasons,
-                       runtime_reasons: Reasons, lookups: dict) -> tuple[Entry | None, Entry | None]:
+    def _runtime_rules(self, live: _Live, spec: dict[str, Any], namespace: str, env: Iterable[tuple[str, str]],
+                       reasons: Reasons, runtime_reasons: Reasons,
+                       lookups: dict[RuntimeRef, _Lookup]) -> tuple[Entry | None, Entry | None]:
         """R1 to R7: read the named runtime; the entries the settings (and the previous settings) produce
         for it, when one can be made."""
         ref = rules.runtime_ref(spec, namespace, runtime_reasons)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from . import rules
 from .admission import Admission
@@ -43,17 +44,19 @@ class Finding:
     verdict: Verdict
     causes: tuple[Reason, ...] = ()
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "namespace": self.namespace, "name": self.name, "verdict": self.verdict.value,
                 "causes": [{"sentinel": r.sentinel.name, "field": r.field, "message": r.text} for r in self.causes]}
 
 
-def _meta(obj: dict) -> tuple[str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+def _meta(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def judge_runtime(admission: Admission, runtime: Runtime | dict) -> Finding:
+def judge_runtime(admission: Admission, runtime: Runtime | dict[str, Any]) -> Finding:
     """`ok`, or `cannot-carry` with the R3, R4 and R5 reasons a TrainJob naming it would get."""
     runtime = Runtime.of(runtime)
     facts, _ = admission.facts(runtime)
@@ -61,7 +64,7 @@ def judge_runtime(admission: Admission, runtime: Runtime | dict) -> Finding:
     return Finding(runtime.kind, runtime.namespace, runtime.name, verdict, facts.reasons)
 
 
-def judge_trainjob(admission: Admission, trainjob: dict) -> Finding:
+def judge_trainjob(admission: Admission, trainjob: dict[str, Any]) -> Finding:
     """`ok`, `no-entry`, `stale-entry`, `violation` or `runtime-missing` (the first that applies, in the
     order runtime-missing, violation, no-entry, stale-entry), with every reason found."""
     namespace, name = _meta(trainjob)
@@ -98,7 +101,7 @@ class CredentialSecrets:
         self.manager = manager
         self.mounted: dict[tuple[str, str], _Mounted] = {}
 
-    def add(self, trainjob: dict) -> None:
+    def add(self, trainjob: dict[str, Any]) -> None:
         namespace, name = _meta(trainjob)
         own = next((e for e in (trainjob.get("spec") or {}).get("runtimePatches") or []
                     if isinstance(e, dict) and e.get("manager") == self.manager), None)

@@ -7,8 +7,9 @@ A denial is bounded (50 causes, a 16 KiB message), so a huge object cannot make 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Sentinel(Enum):
@@ -72,7 +73,7 @@ class Reason(NamedTuple):
         return f"{self.field}: {self.text}"
 
 
-def primary(reasons) -> Sentinel:
+def primary(reasons: Sequence[Reason]) -> Sentinel:
     if len(reasons) == 1:
         return reasons[0].sentinel
     return min((r.sentinel for r in reasons), key=_PRECEDENCE.__getitem__)
@@ -101,7 +102,8 @@ def message(reasons: list[Reason], first: Sentinel | None = None, shown: list[Re
     return text
 
 
-def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org", kind: str = "TrainJob") -> dict:
+def status(reasons: list[Reason], name: str, group: str = "trainer.kubeflow.org", kind: str = "TrainJob") -> dict[str,
+                                                                                                                  Any]:
     """A metav1.Status for a denial, with one cause per reason (bounded); the code comes from all reasons."""
     first = primary(reasons)
     shown, _ = _bounded(reasons)
@@ -137,15 +139,15 @@ class Denied(Exception):
         return primary(self.reasons)
 
 
-class Reasons(list):
+class Reasons(list[Reason]):
     """Collects every reason a check finds, so a denial names all of them, not only the first.
 
     Each reason is kept once: the same reason found twice (by two walks of one field) is not repeated.
     """
 
-    _seen: set | None = None  # made on the first reason: most reviews find none
+    _seen: set[tuple[Sentinel, str, str]] | None = None  # made on the first reason: most reviews find none
 
-    def __init__(self, *args):
+    def __init__(self, *args: Iterable[Reason]) -> None:
         super().__init__()
         for r in (args[0] if args else ()):
             self.append(r)
@@ -163,7 +165,7 @@ class Reasons(list):
             self._seen.add(key)
             super().append(reason)
 
-    def extend(self, reasons) -> None:
+    def extend(self, reasons: Iterable[Reason]) -> None:
         for r in reasons:
             self.append(r)
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import jsonpatch
 from jsonpointer import JsonPointer
@@ -46,12 +47,12 @@ class Clock:
         return last[1]
 
 
-def _content(settings: Settings, targets: Iterable[str]) -> dict:
+def _content(settings: Settings, targets: Iterable[str]) -> dict[str, Any]:
     """`trainingRuntimeSpec` of the entry: one replicated job patch per target job."""
     publish = settings.publish
-    vols: list[dict] = []
-    node_mounts: list[dict] = []
-    init: list[dict] = []
+    vols: list[dict[str, Any]] = []
+    node_mounts: list[dict[str, Any]] = []
+    init: list[dict[str, Any]] = []
     if publish is not None:
         if publish.via == ROUTE_IMAGE_VOLUME:
             vols.append({"name": PUBLISH_VOLUME, "image": {"reference": publish.image, "pullPolicy": "IfNotPresent"}})
@@ -68,13 +69,14 @@ def _content(settings: Settings, targets: Iterable[str]) -> dict:
         node_mounts.append({"name": cred.name, "mountPath": cred.mount_path, "readOnly": True})
     jobs = []
     for job in targets:
-        spec: dict = {"volumes": vols}
+        spec: dict[str, Any] = {"volumes": vols}
         if init:
             spec["initContainers"] = init
         spec["containers"] = [{"name": NODE_CONTAINER, "volumeMounts": node_mounts}]
         jobs.append({"name": job, "template": {"spec": {"template": {"spec": spec}}}})
     # Through JSON, so no two jobs share structure.
-    return json.loads(json.dumps({"template": {"spec": {"replicatedJobs": jobs}}}))
+    content: dict[str, Any] = json.loads(json.dumps({"template": {"spec": {"replicatedJobs": jobs}}}))
+    return content
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Entry:
 
     manager: str
     content_json: str
-    _content: dict = field(repr=False, compare=False)
+    _content: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
     def build(cls, settings: Settings, targets: Iterable[str]) -> Entry:
@@ -95,16 +97,17 @@ class Entry:
         return (f'{{"manager": {json.dumps(self.manager)}, "time": {json.dumps(time)},'
                 f' "trainingRuntimeSpec": {self.content_json}}}')
 
-    def as_dict(self, time: str) -> dict:
+    def as_dict(self, time: str) -> dict[str, Any]:
         """A fresh copy of the stamped entry."""
-        return json.loads(self.json(time))
+        entry: dict[str, Any] = json.loads(self.json(time))
+        return entry
 
-    def matches(self, entry: dict) -> bool:
+    def matches(self, entry: dict[str, Any]) -> bool:
         """Whether `entry` is this one, as JSON values, `time` left out (SPEC 5)."""
         return same(entry, {"manager": self.manager, "trainingRuntimeSpec": self._content})
 
 
-def entry_pod_specs(entry: dict | None) -> Iterable[dict]:
+def entry_pod_specs(entry: dict[str, Any] | None) -> Iterable[dict[str, Any]]:
     """The pod specs a stored entry patches, one per replicated job (a stored entry is read defensively: it
     may have been written by anyone)."""
     content = ((entry or {}).get("trainingRuntimeSpec") or {}) if isinstance(entry, dict) else {}
@@ -115,7 +118,7 @@ def entry_pod_specs(entry: dict | None) -> Iterable[dict]:
                 yield pod
 
 
-def entry_secrets(entry: dict | None) -> list[tuple[str, str]]:
+def entry_secrets(entry: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(volume name, Secret name) of each Secret volume a stored entry adds: the credentials it mounts."""
     out: list[tuple[str, str]] = []
     for pod in entry_pod_specs(entry):
@@ -128,14 +131,14 @@ def entry_secrets(entry: dict | None) -> list[tuple[str, str]]:
     return out
 
 
-def same(a: dict, b: dict) -> bool:
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Entries compared as JSON values, `time` left out (SPEC 5, S4)."""
     a = {k: v for k, v in a.items() if k != "time"}
     b = {k: v for k, v in b.items() if k != "time"}
     return a == b and _json_equal(a, b)
 
 
-def _json_equal(a, b) -> bool:
+def _json_equal(a: Any, b: Any) -> bool:
     """Python's == says True == 1 == 1.0; as JSON values they differ (`readOnly: 1` is not `true`)."""
     if type(a) is not type(b):
         return False
@@ -158,18 +161,19 @@ class Op:
         value = "" if self.value_json is None else f', "value": {self.value_json}'
         return f'{{"op": "{self.op}", "path": {json.dumps(self.path)}{value}}}'
 
-    def as_dict(self) -> dict:
-        return json.loads(self.json())
+    def as_dict(self) -> dict[str, Any]:
+        op: dict[str, Any] = json.loads(self.json())
+        return op
 
 
-def _pointer(*parts) -> str:
+def _pointer(*parts: str | int) -> str:
     return JsonPointer.from_parts([str(p) for p in parts]).path  # escapes `~` and `/` per RFC 6901
 
 
 _PATCHES = _pointer(*RUNTIME_PATCHES)  # every operation is on this list (or creates it, or spec)
 
 
-def append_op(spec, entry_json: str) -> Op:
+def append_op(spec: Any, entry_json: str) -> Op:
     """Add the entry after the existing entries, creating the list (or spec) where absent."""
     if not isinstance(spec, dict):
         return Op("add", "/spec", f'{{"runtimePatches": [{entry_json}]}}')
@@ -178,7 +182,7 @@ def append_op(spec, entry_json: str) -> Op:
     return Op("add", _PATCHES + "/-", entry_json)
 
 
-def insert_op(spec: dict, index: int, entry_json: str) -> Op:
+def insert_op(spec: dict[str, Any], index: int, entry_json: str) -> Op:
     """Put an entry back at `index` (or last, where the list is now shorter)."""
     if not isinstance(spec.get("runtimePatches"), list):
         return Op("add", _PATCHES, f"[{entry_json}]")
@@ -199,6 +203,7 @@ def encode(ops: Iterable[Op]) -> str:
     return base64.b64encode(("[" + ", ".join(op.json() for op in ops) + "]").encode()).decode()
 
 
-def apply(obj: dict, ops: Iterable) -> dict:
+def apply(obj: dict[str, Any], ops: Iterable[Op | dict[str, Any]]) -> dict[str, Any]:
     """Apply a patch as the API server would (for `check`, the Python API and tests)."""
-    return jsonpatch.apply_patch(obj, [op.as_dict() if isinstance(op, Op) else op for op in ops])
+    patched: dict[str, Any] = jsonpatch.apply_patch(obj, [op.as_dict() if isinstance(op, Op) else op for op in ops])
+    return patched

@@ -15,6 +15,7 @@ marked for it (`test_<id>_...` or `@pytest.mark.rules("<id>")`); CONTRIBUTING.md
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -109,7 +110,7 @@ def rule(rule_id: str) -> Rule:
 
 
 @contextmanager
-def switched_off(*rule_ids: str):
+def switched_off(*rule_ids: str) -> Iterator[None]:
     """While inside, the rules named give no reason anywhere (the sweep's way of removing one)."""
     unknown = [r for r in rule_ids if r not in BY_ID]
     if unknown:

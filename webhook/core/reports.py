@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 from .audit import Finding, Verdict
 from .errors import ErrInternal, ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
@@ -46,7 +47,7 @@ class ReportBuilder:
         now = now or datetime.now(UTC)
         self.timestamp = {"seconds": int(now.timestamp()), "nanos": 0}
         self.summary = {status: 0 for status in ("pass", "fail", "warn", "error", "skip")}
-        self._kept: dict[str, list[dict]] = {status: [] for status in ORDER}
+        self._kept: dict[str, list[dict[str, Any]]] = {status: [] for status in ORDER}
 
     def add(self, finding: Finding, uid: str = "") -> None:
         for status, rule, reason, message in _results(finding):
@@ -66,16 +67,17 @@ class ReportBuilder:
         return False
 
     def _result(self, finding: Finding, uid: str, status: str, rule: str, reason: Reason | None,
-                message: str) -> dict:
+                message: str) -> dict[str, Any]:
         resource = {"apiVersion": "v1" if finding.kind == "Namespace" else f"{GROUP}/{VERSION}", "kind": finding.kind,
                     "name": finding.name}
         if finding.namespace:
             resource["namespace"] = finding.namespace
         if uid:
             resource["uid"] = uid
-        result = {"source": SOURCE, "policy": POLICY, "rule": rule, "result": status, "message": _cut(message),
-                  "resources": [resource], "timestamp": self.timestamp, "scored": True,
-                  "properties": {"verdict": finding.verdict.value}}
+        result: dict[str, Any] = {
+            "source": SOURCE, "policy": POLICY, "rule": rule, "result": status, "message": _cut(message),
+            "resources": [resource], "timestamp": self.timestamp, "scored": True,
+            "properties": {"verdict": finding.verdict.value}}
         if reason is not None:
             result["category"] = reason.sentinel.name
             result["severity"] = SEVERITY[reason.sentinel]
@@ -85,9 +87,9 @@ class ReportBuilder:
     def __len__(self) -> int:
         return sum(self.summary.values())
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         results = [r for status in ORDER for r in self._kept[status]]
-        meta: dict = {"name": NAME, "labels": dict(MANAGED_BY)}
+        meta: dict[str, Any] = {"name": NAME, "labels": dict(MANAGED_BY)}
         if self.namespace:
             meta["namespace"] = self.namespace
         return {"apiVersion": API_VERSION, "kind": "Report" if self.namespace else "ClusterReport", "metadata": meta,

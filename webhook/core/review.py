@@ -27,22 +27,22 @@ class GroupVersionResource(TypedDict, total=False):
 
 class AdmissionRequest(TypedDict, total=False):
     uid: str
-    kind: dict
+    kind: dict[str, Any]
     resource: GroupVersionResource
     subResource: str
     name: str
     namespace: str
     operation: str
-    userInfo: dict
-    object: dict
-    oldObject: dict
+    userInfo: dict[str, Any]
+    object: dict[str, Any]
+    oldObject: dict[str, Any]
     dryRun: bool
 
 
 class AdmissionResponse(TypedDict, total=False):
     uid: str
     allowed: bool
-    status: dict
+    status: dict[str, Any]
     patch: str
     patchType: str
     warnings: list[str]

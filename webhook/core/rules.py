@@ -9,13 +9,13 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from . import paths
 from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reason, Reasons, Sentinel
-from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Job, Runtime
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 NODE_CONTAINER = "node"
@@ -39,13 +39,13 @@ class Walk:
     def bad(self, path: str, text: str) -> None:
         self.reasons.add(self.sentinel, path, text, self.rule)
 
-    def obj(self, value, path: str) -> dict | None:
+    def obj(self, value: Any, path: str) -> dict[str, Any] | None:
         if value is None or isinstance(value, dict):
             return value
         self.bad(path, "must be an object")
         return None
 
-    def items(self, value, path: str) -> list[tuple[int, dict]]:
+    def items(self, value: Any, path: str) -> list[tuple[int, dict[str, Any]]]:
         if value is None:
             return []
         if not isinstance(value, list):
@@ -59,7 +59,7 @@ class Walk:
                 self.bad(f"{path}[{i}]", "must be an object")
         return out
 
-    def dig(self, value, path: str, *keys: str) -> tuple[dict | None, str]:
+    def dig(self, value: Any, path: str, *keys: str) -> tuple[dict[str, Any] | None, str]:
         """Follow `keys` through nested objects; (None, path) where one is absent or not an object."""
         value = self.obj(value, path)
         for k in keys:
@@ -69,7 +69,7 @@ class Walk:
             value = self.obj(value.get(k), path)
         return value, path
 
-    def string(self, value, path: str) -> str | None:
+    def string(self, value: Any, path: str) -> str | None:
         if value is None or isinstance(value, str):
             return value
         self.bad(path, "must be a string")
@@ -82,15 +82,15 @@ class PodSpec:
 
     job: str
     path: str
-    spec: dict
+    spec: dict[str, Any]
 
 
-def entry_pod_specs(entry: dict, path: str, walk: Walk) -> list[PodSpec]:
+def entry_pod_specs(entry: dict[str, Any], path: str, walk: Walk) -> list[PodSpec]:
     jobs_parent, jobs_path = walk.dig(entry, path, "trainingRuntimeSpec", "template", "spec")
     return _job_pod_specs(jobs_parent, jobs_path, walk)
 
 
-def _job_pod_specs(parent: dict | None, path: str, walk: Walk) -> list[PodSpec]:
+def _job_pod_specs(parent: dict[str, Any] | None, path: str, walk: Walk) -> list[PodSpec]:
     if parent is None:
         return []
     out = []
@@ -102,7 +102,7 @@ def _job_pod_specs(parent: dict | None, path: str, walk: Walk) -> list[PodSpec]:
     return out
 
 
-def containers(pod: PodSpec, walk: Walk) -> list[tuple[str, str, dict]]:
+def containers(pod: PodSpec, walk: Walk) -> list[tuple[str, str, dict[str, Any]]]:
     """(list name, path, container) for every init container and container of a pod spec."""
     return [
         (lst, f"{pod.path}.{lst}[{i}]", c)
@@ -111,16 +111,16 @@ def containers(pod: PodSpec, walk: Walk) -> list[tuple[str, str, dict]]:
     ]
 
 
-def mounts(container: dict, path: str, walk: Walk) -> list[tuple[str, dict]]:
+def mounts(container: dict[str, Any], path: str, walk: Walk) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{path}.volumeMounts[{i}]", m) for i, m in walk.items(container.get("volumeMounts"),
                                                                     f"{path}.volumeMounts")]
 
 
-def volumes(pod: PodSpec, walk: Walk) -> list[tuple[str, dict]]:
+def volumes(pod: PodSpec, walk: Walk) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{pod.path}.volumes[{i}]", v) for i, v in walk.items(pod.spec.get("volumes"), f"{pod.path}.volumes")]
 
 
-def container_names(pod: PodSpec, lst: str) -> set[str]:
+def container_names(pod: PodSpec, lst: str) -> set[Any]:
     found = pod.spec.get(lst)
     return {c.get("name") for c in found if isinstance(c, dict)} if isinstance(found, list) else set()
 
@@ -131,20 +131,20 @@ def container_names(pod: PodSpec, lst: str) -> set[str]:
 class Own(NamedTuple):
     """The webhook's entry in a TrainJob: its index in runtimePatches and its content."""
 
-    index: int
-    entry: dict
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, as a NamedTuple field may
+    entry: dict[str, Any]
 
 
 class Scan(NamedTuple):
     """What one walk of a TrainJob's spec found."""
 
-    count: int                      # runtimePatches entries (of any type)
+    count: int  # type: ignore[assignment]  # runtimePatches entries (of any type); shadows tuple.count
     readable: bool                  # runtimePatches is absent or a list (else a reason says it is not)
     own: Own | None                 # the first entry under the webhook's manager
     env: tuple[tuple[str, str], ...]  # (path, name) of spec.trainer.env
 
 
-def find_own(spec, manager: str) -> Own | None:
+def find_own(spec: Any, manager: str) -> Own | None:
     """The webhook's entry in a spec, without judging anything (for the old object of an UPDATE)."""
     patches = spec.get("runtimePatches") if isinstance(spec, dict) else None
     if isinstance(patches, list):
@@ -154,7 +154,7 @@ def find_own(spec, manager: str) -> Own | None:
     return None
 
 
-def scan(spec: dict, settings: Settings, reasons: Reasons) -> Scan:
+def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons) -> Scan:
     """Walk spec.runtimePatches and spec.trainer.env once, applying S1, S2, S3 and S6 on the way."""
     manager = settings.manager
     walk = Walk(reasons, rule="S2")  # a malformed entry is found while looking for mounts in it
@@ -224,20 +224,20 @@ def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reas
                             "are reserved for the dispatch adapter", "S3")
 
 
-def _looks_like(name, reserved: str) -> bool:
+def _looks_like(name: object, reserved: str) -> bool:
     return isinstance(name, str) and (name == reserved or paths.skeleton(name) == reserved)
 
 
-def _is_publish_volume(name) -> bool:
+def _is_publish_volume(name: object) -> bool:
     return _looks_like(name, PUBLISH_VOLUME)
 
 
-def _is_reserved_env(name) -> bool:
+def _is_reserved_env(name: object) -> bool:
     return isinstance(name, str) and (name.startswith(RESERVED_ENV_PREFIX)
                                       or paths.skeleton(name).startswith(RESERVED_ENV_PREFIX))
 
 
-def _trainer_env(spec: dict, reasons: Reasons) -> list[tuple[str, str]]:
+def _trainer_env(spec: dict[str, Any], reasons: Reasons) -> list[tuple[str, str]]:
     """(path, name) of every spec.trainer.env entry; read once per review, used by S3 and R7."""
     walk = Walk(reasons, rule="S3")
     trainer = walk.obj(spec.get("trainer"), "spec.trainer")
@@ -267,7 +267,7 @@ class RuntimeRef(NamedTuple):
         return f"{self.kind} {where}{self.name}"
 
 
-def runtime_ref(spec: dict, namespace: str, reasons: Reasons) -> RuntimeRef | None:
+def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons) -> RuntimeRef | None:
     """R1: the reference, with Trainer's defaults where a field is absent; None (with reasons) when it
     cannot be followed. An explicit "" is not absent: the CRD's defaulting would keep it, so it is refused."""
     ref = spec.get("runtimeRef")
@@ -302,7 +302,7 @@ def runtime_ref(spec: dict, namespace: str, reasons: Reasons) -> RuntimeRef | No
                     f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}", "R1")
     if not (ok and group_ok and kind_ok and group == GROUP and kind in KINDS):
         return None
-    return RuntimeRef(group, kind, name, namespace)
+    return RuntimeRef(group, kind, cast(str, name), namespace)  # ok: a non-empty string
 
 
 def not_found(ref: RuntimeRef, reasons: Reasons) -> None:
@@ -317,7 +317,7 @@ class RuntimeFacts:
 
     targets: tuple[str, ...]  # the replicated jobs whose pod has a `node` container (R3)
     policies: frozenset[str]  # the mlPolicy sources set: torch, mpi, flux, ...
-    reasons: tuple            # R3, R4 and R5 reasons, field spec.runtimeRef
+    reasons: tuple[Reason, ...]  # R3, R4 and R5 reasons, field spec.runtimeRef
 
     @property
     def torch(self) -> bool:
@@ -328,7 +328,7 @@ class RuntimeFacts:
         return not self.reasons
 
 
-def runtime_facts(runtime: Runtime | dict, settings: Settings) -> RuntimeFacts:
+def runtime_facts(runtime: Runtime | dict[str, Any], settings: Settings) -> RuntimeFacts:
     """R3, R4 and R5 for one runtime (an object is taken as a `Runtime` first). Each reason's text starts with
     the runtime (`subject`), and says what to change."""
     runtime = Runtime.of(runtime)
@@ -354,7 +354,7 @@ def runtime_facts(runtime: Runtime | dict, settings: Settings) -> RuntimeFacts:
     return RuntimeFacts(tuple(j.name for j in targets), runtime.policies, tuple(reasons))
 
 
-def _r5(runtime: Runtime, targets: list, settings: Settings, unsupported: Callable[..., None]) -> None:
+def _r5(runtime: Runtime, targets: list[Job], settings: Settings, unsupported: Callable[..., None]) -> None:
     """R5: what the runtime defines that the webhook's entry would collide with, volumes by name and mounts by
     path, as Trainer and JobSet merge them."""
     creds = {c.name: c for c in settings.credentials}
@@ -387,9 +387,12 @@ def _r5(runtime: Runtime, targets: list, settings: Settings, unsupported: Callab
                             f" mlPolicy.mpi.sshAuthMountPath {runtime.ssh_path!r}, where MPI's SSH keys go", rule="R5")
 
 
-def trainjob_runtime_rules(spec: dict, ref: RuntimeRef, facts: RuntimeFacts, env, reasons: Reasons) -> None:
+def trainjob_runtime_rules(spec: dict[str, Any], ref: RuntimeRef, facts: RuntimeFacts,
+                           env: Iterable[tuple[str, str]], reasons: Reasons) -> None:
     """R6 and R7: what the TrainJob asks of the runtime (R8 depends on the mutation and is checked with it)."""
-    trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else {}
+    trainer = spec.get("trainer")
+    if not isinstance(trainer, dict):
+        trainer = {}
     if trainer.get("numProcPerNode") is not None and not facts.policies & set(PROC_POLICIES):  # R6
         reasons.add(ErrUnsupported, "spec.trainer.numProcPerNode",
                     f"{ref} has none of mlPolicy.torch, mpi or flux, so nothing reads numProcPerNode", "R6")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import marshal
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,7 +90,7 @@ class _TooLarge(Exception):
 class _Budget:
     """Counts what `Runtime.of` keeps as it walks, and stops the walk at the first bound passed."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.names = self.bytes = 0
 
     def count(self) -> None:
@@ -124,7 +124,7 @@ class Runtime:
     ssh_path: str = ""                  # mlPolicy.mpi's sshAuthMountPath, normalised; "" without mlPolicy.mpi (R5)
     oversize: str = ""                  # why it is too large to check (then nothing but its name is kept)
     # What the rules decided of it for one set of settings: (settings, previous settings, decided).
-    memo: list = field(default_factory=lambda: [None], compare=False, repr=False)
+    memo: list[Any] = field(default_factory=lambda: [None], compare=False, repr=False)
 
     @property
     def key(self) -> Key:
@@ -169,7 +169,7 @@ class Runtime:
                    claims, ssh_path, oversize)
 
 
-def _taken(spec: dict) -> dict:
+def _taken(spec: dict[str, Any]) -> dict[str, Any]:
     """The fields of a Runtime read from a runtime's spec, within the bounds (raises _TooLarge)."""
     budget = _Budget()
     policy = _obj(spec.get("mlPolicy"))
@@ -191,7 +191,7 @@ def _taken(spec: dict) -> dict:
             "ssh_path": ssh_path}
 
 
-def _job(rj: dict, budget: _Budget) -> Job:
+def _job(rj: dict[str, Any], budget: _Budget) -> Job:
     pod = _obj(_obj(_obj(_obj(rj.get("template")).get("spec")).get("template")).get("spec"))
     containers = _list(pod.get("containers"))
     inits = _list(pod.get("initContainers"))
@@ -229,15 +229,15 @@ def stored_version(raw: bytes) -> bytes:
     return bytes(raw[:raw.index(b"\0")])
 
 
-def _obj(value) -> dict:
+def _obj(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _list(value) -> list:
+def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _names(items: list, budget: _Budget) -> list[str]:
+def _names(items: list[Any], budget: _Budget) -> list[str]:
     return [budget.name(n) for n in (_obj(i).get("name") for i in items) if isinstance(n, str)]
 
 
@@ -247,7 +247,7 @@ class RuntimeSource(Protocol):
     def ready(self) -> bool: ...
 
 
-def key_of(obj) -> Key:
+def key_of(obj: Runtime | dict[str, Any]) -> Key:
     if isinstance(obj, Runtime):
         return obj.key
     meta = obj.get("metadata") or {}
@@ -258,7 +258,7 @@ class RuntimeIndex:
     """Runtimes in memory, keyed by kind, namespace and name; safe to read while a watcher writes. Objects
     put in are taken as `Runtime`s."""
 
-    def __init__(self, runtimes: Iterable = ()):
+    def __init__(self, runtimes: Iterable[Any] = ()) -> None:
         self._lock = threading.Lock()
         taken = (Runtime.of(r) for r in runtimes)
         self._items: dict[Key, Runtime] = {r.key: r for r in taken}
@@ -272,23 +272,23 @@ class RuntimeIndex:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Runtime]:
         return iter(list(self._items.values()))
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self._items if k[0] == kind)
 
-    def put(self, obj) -> Runtime:
+    def put(self, obj: Any) -> Runtime:
         runtime = Runtime.of(obj)
         with self._lock:
             self._items[runtime.key] = runtime
         return runtime
 
-    def delete(self, obj) -> None:
+    def delete(self, obj: Runtime | dict[str, Any]) -> None:
         with self._lock:
             self._items.pop(key_of(obj), None)
 
-    def replace(self, kind: str, objs: Iterable) -> int:
+    def replace(self, kind: str, objs: Iterable[Any]) -> int:
         """Swap in a fresh list of one kind atomically (after a list or relist); how many it holds."""
         fresh = {r.key: r for r in (Runtime.of(o, kind) for o in objs)}
         with self._lock:

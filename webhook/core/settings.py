@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import Any, cast
 
 import jsonschema
 
@@ -90,7 +92,7 @@ EXAMPLE = {
 
 
 @lru_cache(maxsize=1)
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the settings document."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -177,7 +179,7 @@ def _validator() -> jsonschema.protocols.Validator:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class _Pairs(dict):
+class _Pairs(dict[str, Any]):
     """A decoded object that remembers keys it saw twice (json keeps the last one silently)."""
 
     duplicates: tuple[str, ...] = ()
@@ -187,7 +189,12 @@ def _object_pairs(pairs: list[tuple[str, object]]) -> _Pairs:
     obj = _Pairs(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        obj.duplicates = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+        duplicates = []
+        for k, _ in pairs:
+            if k in seen:
+                duplicates.append(k)
+            seen.add(k)
+        obj.duplicates = tuple(duplicates)
     return obj
 
 
@@ -198,7 +205,7 @@ def _refuse_constant(name: str) -> float:
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
-def _join(base: str, key) -> str:
+def _join(base: str, key: str | int) -> str:
     """`base.key`, `base[3]`, or `base["odd key"]` for a key that would not read as one."""
     if isinstance(key, int):
         return f"{base}[{key}]"
@@ -207,14 +214,14 @@ def _join(base: str, key) -> str:
     return f"{base}.{key}" if base else key
 
 
-def _key_path(parts) -> str:
+def _key_path(parts: Iterable[str | int]) -> str:
     out = ""
     for p in parts:
         out = _join(out, p)
     return out or "(document)"
 
 
-def _walk_strict(value, where: str, reasons: Reasons) -> None:
+def _walk_strict(value: object, where: str, reasons: Reasons) -> None:
     """Refuse what json and the Schema let through: duplicate keys and nulls, at any depth."""
     if value is None:
         reasons.add(ErrInvalid, where or "(document)",
@@ -234,7 +241,7 @@ def _walk_strict(value, where: str, reasons: Reasons) -> None:
         reasons.add(ErrInvalid, where, "NaN and Infinity are not JSON")
 
 
-def _json_type(value) -> str:
+def _json_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
@@ -242,15 +249,18 @@ def _json_type(value) -> str:
     return {dict: "object", list: "array", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     """A value as the user wrote it in JSON (`null`, `true`, `5`), a string quoted."""
     return repr(value) if isinstance(value, str) else json.dumps(value)[:80]
 
 
-def _schema_reasons(doc, reasons: Reasons) -> None:
+def _schema_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
     """One reason per Schema error, worded from jsonschema's structured fields (path, validator, values),
     never from its English messages."""
-    for err in sorted(_validator().iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+    # Any: jsonschema types an error's fields as possibly unset; the errors iter_errors yields have them all.
+    errors: list[Any] = sorted(_validator().iter_errors(doc),
+                               key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    for err in errors:
         where = _key_path(err.absolute_path)
         base = _key_path(err.absolute_path) if err.absolute_path else ""
         v = err.validator
@@ -285,7 +295,7 @@ def _schema_reasons(doc, reasons: Reasons) -> None:
             reasons.add(ErrInvalid, where, f"fails the Schema's {v} {_show(err.validator_value)}", RULE_SETTINGS)
 
 
-def _pattern_text(path, value: str) -> str:
+def _pattern_text(path: Sequence[str | int], value: str) -> str:
     last = path[-1] if path else ""
     if last == "image":
         return f"{value!r} {images.pinned_problem(value)}"
@@ -298,7 +308,7 @@ def _pattern_text(path, value: str) -> str:
     return f"{value!r} must be a DNS-1123 label (lower-case letters, digits and '-')"
 
 
-def _semantic_reasons(doc: dict, reasons: Reasons) -> None:
+def _semantic_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
     """What the Schema cannot say: unique credential names, mount paths that overlap."""
     creds = doc.get("credentials")
     if not isinstance(creds, list):
@@ -357,14 +367,15 @@ def parse(text: str | bytes) -> Settings:
     if not isinstance(doc, dict):
         reasons.add(ErrInvalid, "(document)", f"must be a JSON object, not {_json_type(doc)}")
         reasons.raise_if_any()
-    _walk_strict(doc, "", reasons)
-    _schema_reasons(doc, reasons)
-    _semantic_reasons(doc, reasons)
+    obj = cast(dict[str, Any], doc)  # a JSON object: anything else was refused above
+    _walk_strict(obj, "", reasons)
+    _schema_reasons(obj, reasons)
+    _semantic_reasons(obj, reasons)
     reasons.raise_if_any()
-    return _build(doc)
+    return _build(obj)
 
 
-def _build(doc: dict) -> Settings:
+def _build(doc: dict[str, Any]) -> Settings:
     publish = None
     if "publish" in doc:
         p = doc["publish"]

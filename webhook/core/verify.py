@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from . import paths
 from . import verify_causes as causes
@@ -100,44 +101,44 @@ class Status:
 
 def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: str,
                    command: Iterable[str] = DEFAULT_COMMAND, image: str | None = None,
-                   labels: dict[str, str] | None = None, node: dict | None = None,
-                   jobs: Iterable[str] = (), ttl: int | None = None) -> dict:
+                   labels: dict[str, str] | None = None, node: dict[str, Any] | None = None,
+                   jobs: Iterable[str] = (), ttl: int | None = None) -> dict[str, Any]:
     """The probe TrainJob: one node, the trainer command, labelled. Trainer copies no TrainJob label to the
     JobSet or its pods, so an entry of verify's own manager puts the labels there (on the JobSet and on
     each of the runtime's replicated `jobs`' pods) and, with `node` (a Node object), pins every pod to it.
     Never the publish mount: that entry is the webhook's to add. `ttl`: seconds after which another verify
     may remove it (TTL_ANNOTATION)."""
-    trainer: dict = {"numNodes": 1, "command": list(command)}
+    trainer: dict[str, Any] = {"numNodes": 1, "command": list(command)}
     if image:
         trainer["image"] = image
     ours = {PROBE_LABEL: "probe", RUN_LABEL: run_id}
-    pod_spec: dict = {}
+    pod_spec: dict[str, Any] = {}
     if node is not None:
         hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) or node["metadata"]["name"]
         pod_spec["nodeSelector"] = {HOSTNAME_LABEL: hostname}
     patch_jobs = []
     for job in jobs:
-        pod: dict = {"metadata": {"labels": dict(ours)}}
+        pod: dict[str, Any] = {"metadata": {"labels": dict(ours)}}
         if pod_spec:
             pod["spec"] = json.loads(json.dumps(pod_spec))
         patch_jobs.append({"name": job, "template": {"spec": {"template": pod}}})
     entry = {"manager": VERIFY_MANAGER, "trainingRuntimeSpec": {"template": {
         "metadata": {"labels": dict(ours)}, "spec": {"replicatedJobs": patch_jobs}}}}
-    spec: dict = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
+    spec: dict[str, Any] = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
                   "trainer": trainer, "runtimePatches": [entry]}
-    meta: dict = {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}
     if ttl is not None:
         meta["annotations"] = {TTL_ANNOTATION: str(int(ttl))}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}
 
 
-def runtime_jobs(runtime: dict) -> list[str]:
+def runtime_jobs(runtime: dict[str, Any]) -> list[str]:
     """The names of the runtime's replicated jobs (each is pinned with --per-node)."""
     spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
     return [j["name"] for j in spec.get("replicatedJobs") or [] if isinstance(j, dict) and j.get("name")]
 
 
-def _tolerates(tolerations: list[dict], taint: dict) -> bool:
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
     for t in tolerations:
         if t.get("effect") and t["effect"] != taint.get("effect"):
             continue
@@ -149,7 +150,7 @@ def _tolerates(tolerations: list[dict], taint: dict) -> bool:
     return False
 
 
-def runtime_tolerations(runtime: dict) -> list[dict]:
+def runtime_tolerations(runtime: dict[str, Any]) -> list[dict[str, Any]]:
     """The tolerations every replicated job's pod of the runtime carries (a taint must be tolerated by all)."""
     spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
     per_job = [(((j.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("tolerations")
@@ -159,7 +160,7 @@ def runtime_tolerations(runtime: dict) -> list[dict]:
     return [t for t in per_job[0] if all(t in others for others in per_job[1:])]
 
 
-def schedulable_nodes(nodes: list[dict], tolerations: list[dict]) -> list[dict]:
+def schedulable_nodes(nodes: list[dict[str, Any]], tolerations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Nodes a probe can be pinned to: Ready, not cordoned, and no NoSchedule or NoExecute taint the runtime's
     pods do not tolerate. Sorted by name."""
     out = []
@@ -167,7 +168,7 @@ def schedulable_nodes(nodes: list[dict], tolerations: list[dict]) -> list[dict]:
         spec, status = n.get("spec") or {}, n.get("status") or {}
         if spec.get("unschedulable"):
             continue
-        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
         if ready.get("status") != "True":
             continue
         if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, t)
@@ -179,7 +180,7 @@ def schedulable_nodes(nodes: list[dict], tolerations: list[dict]) -> list[dict]:
 
 # ---- the entry on the stored TrainJob ----
 
-def find_entry(trainjob: dict | None, manager: str) -> dict | None:
+def find_entry(trainjob: dict[str, Any] | None, manager: str) -> dict[str, Any] | None:
     for e in ((trainjob or {}).get("spec") or {}).get("runtimePatches") or []:
         if isinstance(e, dict) and e.get("manager") == manager:
             return e
@@ -196,7 +197,7 @@ class Route:
         return 2 if self.init_container else 1
 
 
-def route_of(entry: dict | None) -> Route:
+def route_of(entry: dict[str, Any] | None) -> Route:
     for pod in entry_pod_specs(entry):
         for init in pod.get("initContainers") or []:
             if any(m.get("mountPath") == paths.PUBLISH_DIR for m in init.get("volumeMounts") or []):
@@ -204,7 +205,7 @@ def route_of(entry: dict | None) -> Route:
     return Route(None)
 
 
-def _entry_publish_image(entry: dict | None) -> str:
+def _entry_publish_image(entry: dict[str, Any] | None) -> str:
     for pod in entry_pod_specs(entry):
         for v in pod.get("volumes") or []:
             if v.get("name") == PUBLISH_VOLUME and isinstance(v.get("image"), dict):
@@ -214,19 +215,19 @@ def _entry_publish_image(entry: dict | None) -> str:
 
 # ---- the stage, from the stored TrainJob, its pods and their events ----
 
-def _condition(obj: dict, kind: str) -> dict:
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
 
 
-def _statuses(pod: dict, key: str) -> dict[str, dict]:
+def _statuses(pod: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
     return {s.get("name"): s for s in (pod.get("status") or {}).get(key) or []}
 
 
-def _has_node_container(pod: dict) -> bool:
+def _has_node_container(pod: dict[str, Any]) -> bool:
     return any(c.get("name") == NODE_CONTAINER for c in (pod.get("spec") or {}).get("containers") or [])
 
 
-def probe_pod(pods: list[dict]) -> dict | None:
+def probe_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The probe's node pod: the newest not being deleted (a Job may replace a failed pod), else the newest."""
     mine = [p for p in pods if _has_node_container(p)]
     if not mine:
@@ -235,7 +236,7 @@ def probe_pod(pods: list[dict]) -> dict | None:
     return max(live, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
 
 
-def _terminated(status: dict) -> tuple[dict | None, bool]:
+def _terminated(status: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     """The container's termination (state, else lastState) and whether it is of the previous run."""
     state, last = status.get("state") or {}, status.get("lastState") or {}
     if "terminated" in state:
@@ -245,23 +246,25 @@ def _terminated(status: dict) -> tuple[dict | None, bool]:
     return None, False
 
 
-def _term_text(term: dict) -> str:
+def _term_text(term: dict[str, Any]) -> str:
     text = (term.get("message") or "").strip()
     head = f"{term.get('reason') or 'Terminated'}, exit code {term.get('exitCode')}"
     return f"{head}: {text}" if text else head
 
 
-def _pull_event(events: list[dict]) -> str:
+def _pull_event(events: list[dict[str, Any]]) -> str:
     """The kubelet's latest pull failure, as its event says it (image volumes report only there)."""
     found = [e for e in events if e.get("reason") == "Failed"
              and (e.get("message") or "").startswith("Failed to pull image")]
     if not found:
         return ""
     found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-    return found[-1]["message"]
+    message: str = found[-1]["message"]
+    return message
 
 
-def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manager: str) -> Status:
+def classify(trainjob: dict[str, Any] | None, pods: list[dict[str, Any]], events: list[dict[str, Any]],
+             manager: str) -> Status:
     """The stage the probe reached and whether it ended there. Ends are: no entry (the webhook did not
     mutate it), a pull error, a start error, an exit, and a cause that waiting cannot resolve (verify_causes:
     a missing Secret, ConfigMap or claim, a pod no node can take). Anything else the pod waits on (a busy
@@ -283,10 +286,10 @@ def classify(trainjob: dict | None, pods: list[dict], events: list[dict], manage
     credentials = dict(entry_secrets(entry))
     pod_events = [e for e in events if (e.get("involvedObject") or {}).get("name") == name]
 
-    def at(stage: Stage | None, **kw) -> Status:
+    def at(stage: Stage | None, **kw: Any) -> Status:
         return Status(stage, pod=name, node=node, **kw)
 
-    def failed(stage: Stage, message: str, cause: causes.Cause | None = None, **kw) -> Status:
+    def failed(stage: Stage, message: str, cause: causes.Cause | None = None, **kw: Any) -> Status:
         hint = cause.hint if cause is not None else hint_for(stage, message, route)
         return at(STAGES[STAGES.index(stage) - 1], done=True,
                   failure=Failure(stage, message, hint, cause.kind if cause is not None else ""), **kw)
@@ -422,17 +425,17 @@ def hint_for(stage: Stage, message: str, route: Route | None = None) -> str:
 
 # ---- the stored pod template against the settings ----
 
-def _mount(container: dict) -> dict | None:
+def _mount(container: dict[str, Any]) -> dict[str, Any] | None:
     return next((m for m in container.get("volumeMounts") or [] if m.get("name") == PUBLISH_VOLUME), None)
 
 
-def _describe_mount(m: dict | None) -> str:
+def _describe_mount(m: dict[str, Any] | None) -> str:
     if m is None:
         return "no mount"
     return f"{m.get('mountPath')} {'read-only' if m.get('readOnly') else 'read-write'}"
 
 
-def template_checks(pod: dict | None, entry: dict | None, settings: Settings | None,
+def template_checks(pod: dict[str, Any] | None, entry: dict[str, Any] | None, settings: Settings | None,
                     expected: Entry | None = None) -> list[Check]:
     """What the settings say (else the stored entry) against what the probe's pod holds: the publish mount
     read-only at /opt/dispatch on the node container, and the image (route 1: the image volume's reference;
@@ -446,13 +449,13 @@ def template_checks(pod: dict | None, entry: dict | None, settings: Settings | N
         return checks
     spec = pod.get("spec") or {}
     publish = settings.publish if settings is not None else None
-    node = next((c for c in spec.get("containers") or [] if c.get("name") == NODE_CONTAINER), {})
+    node: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == NODE_CONTAINER), {})
     checks.append(Check("node container mount", f"{paths.PUBLISH_DIR} read-only", _describe_mount(_mount(node))))
     volume = next((v for v in spec.get("volumes") or [] if v.get("name") == PUBLISH_VOLUME), None)
     route2 = publish.via == ROUTE_INIT_CONTAINER if publish is not None else route_of(entry).number == 2
     if route2:
         init_name = publish.init_container if publish is not None else route_of(entry).init_container
-        init = next((c for c in spec.get("initContainers") or [] if c.get("name") == init_name), {})
+        init: dict[str, Any] = next((c for c in spec.get("initContainers") or [] if c.get("name") == init_name), {})
         checks.append(Check("publish volume", "emptyDir", "emptyDir" if volume and "emptyDir" in volume
                             else json.dumps(volume)))
         found = _mount(init)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 SECRET_MISSING = "secret-missing"
 CONFIGMAP_MISSING = "configmap-missing"
@@ -64,12 +65,12 @@ class Cause:
     final: bool    # waiting cannot resolve it
 
 
-def _when(event: dict) -> str:
+def _when(event: dict[str, Any]) -> str:
     return (event.get("lastTimestamp") or event.get("eventTime") or
             (event.get("metadata") or {}).get("creationTimestamp") or "")
 
 
-def latest(events: Iterable[dict], reasons: Iterable[str]) -> dict | None:
+def latest(events: Iterable[dict[str, Any]], reasons: Iterable[str]) -> dict[str, Any] | None:
     """The most recent event with one of `reasons` (events of one pod; RFC 3339 times sort as text)."""
     wanted = set(reasons)
     found = [e for e in events if e.get("reason") in wanted]
@@ -86,7 +87,7 @@ def _missing_hint(kind: str, name: str, namespace: str, volume: str, credentials
     return f"create the {what} {name} in namespace {namespace} ({used}), or verify a runtime that does not need it"
 
 
-def mount_cause(events: Iterable[dict], namespace: str, credentials: dict[str, str]) -> Cause | None:
+def mount_cause(events: Iterable[dict[str, Any]], namespace: str, credentials: dict[str, str]) -> Cause | None:
     """The kubelet's latest FailedMount: a missing Secret or ConfigMap is final (the kubelet retries, but
     nothing verify does will make it), any other mount failure is what the pod waits on."""
     event = latest(events, ("FailedMount",))
@@ -130,11 +131,12 @@ def _unresolvable_everywhere(message: str) -> bool:
     return nodes > 0 and outcome == {UNRESOLVABLE: nodes}
 
 
-def scheduling_cause(pod: dict, events: Iterable[dict], namespace: str) -> Cause:
+def scheduling_cause(pod: dict[str, Any], events: Iterable[dict[str, Any]], namespace: str) -> Cause:
     """Why the pod is not bound to a node: the PodScheduled condition's message (current), else the latest
     FailedScheduling event's."""
     events = list(events)
-    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    cond: dict[str, Any] = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                                 if c.get("type") == "PodScheduled"), {})
     if cond.get("message"):
         message = f"{cond.get('reason') or 'Unschedulable'}: {cond['message']}"
     else:
@@ -183,7 +185,7 @@ def pull_hint(message: str, publish_image: str) -> str:
             "(or the ImageVolume feature gate) and a runtime that supports them (containerd 2.1+, CRI-O 1.31+)")
 
 
-def node_warning(events: Iterable[dict]) -> Cause | None:
+def node_warning(events: Iterable[dict[str, Any]]) -> Cause | None:
     """The kubelet's latest warning that holds a scheduled pod before its containers exist (a sandbox that
     cannot be made, a volume not attached): what the pod waits on when nothing above names it."""
     event = latest(events, HOLDING_EVENTS)

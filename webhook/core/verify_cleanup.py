@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 from .verify import PROBE_LABEL, RUN_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, find_entry
 
@@ -49,7 +50,7 @@ def server_now(date_header: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _created(obj: dict) -> datetime | None:
+def _created(obj: dict[str, Any]) -> datetime | None:
     text = (obj.get("metadata") or {}).get("creationTimestamp") or ""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -58,7 +59,7 @@ def _created(obj: dict) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def ttl_of(obj: dict) -> int:
+def ttl_of(obj: dict[str, Any]) -> int:
     text = ((obj.get("metadata") or {}).get("annotations") or {}).get(TTL_ANNOTATION)
     try:
         ttl = int(str(text))
@@ -67,7 +68,7 @@ def ttl_of(obj: dict) -> int:
     return ttl if ttl > 0 else FALLBACK_TTL
 
 
-def is_probe(obj: dict) -> bool:
+def is_probe(obj: dict[str, Any]) -> bool:
     """A TrainJob verify made: its label, and its own manager's entry (a label alone is easily put on a
     TrainJob that is no probe)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -83,7 +84,7 @@ class Leftover:
     expires: datetime | None  # None: no creation time to count from (never removed)
     expired: bool
 
-    def as_json(self, removed: bool | None = None) -> dict:
+    def as_json(self, removed: bool | None = None) -> dict[str, Any]:
         out = {"namespace": self.namespace, "name": self.name, "run": self.run,
                "expires": self.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if self.expires else None,
                "expired": self.expired}
@@ -92,7 +93,7 @@ class Leftover:
         return out
 
 
-def leftovers(items: list[dict], now: datetime) -> list[Leftover]:
+def leftovers(items: list[dict[str, Any]], now: datetime) -> list[Leftover]:
     """The probes among `items` (TrainJobs), each with whether it has expired at `now` (the server's time)."""
     out = []
     for obj in items:
@@ -107,7 +108,7 @@ def leftovers(items: list[dict], now: datetime) -> list[Leftover]:
     return sorted(out, key=lambda p: (p.namespace, p.name))
 
 
-def runtime_asks(runtime: dict) -> str:
+def runtime_asks(runtime: dict[str, Any]) -> str:
     """The extended resources (GPUs and the like) the runtime's containers ask for, as `name: quantity`."""
     asks: dict[str, str] = {}
     spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from .verify import OUTPUT_LINES, STAGES, Check, Stage, Status
 
@@ -23,7 +24,7 @@ class Probe:
     def node(self) -> str:
         return self.status.node or self.pinned
 
-    def stages(self) -> list[dict]:
+    def stages(self) -> list[dict[str, Any]]:
         out = []
         reached = -1 if self.status.reached is None else STAGES.index(self.status.reached)
         for i, stage in enumerate(STAGES):
@@ -38,7 +39,7 @@ class Probe:
             out.append({"stage": stage.value, "state": state, "message": message})
         return out
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         f = self.status.failure
         return {"name": self.name, "namespace": self.namespace, "runtime": self.runtime, "node": self.node,
                 "pod": self.status.pod, "reached": self.status.reached.value if self.status.reached else None,
