@@ -77,7 +77,9 @@ def admission(settings: Settings, runtimes: Iterable[Mapping] | RuntimeSource, n
 
 
 def _create_review(obj: dict, uid: str) -> dict:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": uid,
         "kind": {"group": GROUP, "version": VERSION, "kind": TRAINJOB_KIND},

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from .core import reports
 from .core.admission import Admission
@@ -97,7 +97,7 @@ class OpenReports:
     def __init__(self, connection, namespace: str | None):
         from kubernetes import client
 
-        self.api = client.CustomObjectsApi(connection)
+        self.api: Any = client.CustomObjectsApi(connection)  # Any: the client types JSON answers as object
         self.scope = namespace  # with --namespace, reports of other namespaces are left as they are
         self.builders: dict[str, reports.ReportBuilder] = {}
 
@@ -179,7 +179,7 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
         connection = api_client(kubeconfig, prefer_kubeconfig=True)
     except Exception as e:
         raise ClusterUnreadable(f"{type(e).__name__}: {str(e)[:300]}") from None
-    api = client.CustomObjectsApi(connection)
+    api: Any = client.CustomObjectsApi(connection)  # Any: the client types JSON answers as object
     runtimes = [r for kind in KINDS for items, _ in pages(api, kind, namespace, limit)
                 for r in items]
     admission = Admission(settings, RuntimeIndex(runtimes))
@@ -203,7 +203,8 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
                 mounted.add(job)
             bar.update(len(items))
     try:
-        present = existing_secrets(client.CoreV1Api(connection), mounted.secrets(), namespace, limit)
+        core: Any = client.CoreV1Api(connection)  # Any: the client types JSON answers as object
+        present = existing_secrets(core, mounted.secrets(), namespace, limit)
     except ClusterUnreadable as e:
         err.write(f"audit: the credentials' Secrets were not checked: {e} (list on secrets is needed; only their"
                   " metadata is read)\n")
@@ -223,7 +224,7 @@ def existing_secrets(core_api, wanted: dict[str, set[str]], namespace: str | Non
     """(namespace, name) of each Secret in `wanted` (name: the namespaces that mount it) that exists."""
     from kubernetes.client.exceptions import ApiException
 
-    present = set()
+    present: set[tuple[Any, str]] = set()  # (namespace as the API gives it, name)
     for secret in sorted(wanted):
         token = None
         while True:

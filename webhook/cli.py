@@ -115,6 +115,7 @@ def cmd_check(args) -> int:
             if not result.allowed:
                 denied = True
                 st = result.status
+                assert st is not None  # a denial carries its Status
                 print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
                 print(st["message"])
                 for cause in st["details"]["causes"]:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from . import heap
 from .blocking import blocking_allowed
@@ -186,6 +187,8 @@ class Listing:
     the pages are read. What is held at once is one item (at most the API server's object size) and the
     parser's buffer, whatever the page holds."""
 
+    version: str | None
+
     def __init__(self, api: RuntimeAPI, kind: str):
         self.api, self.kind, self.version = api, kind, None
 
@@ -193,7 +196,7 @@ class Listing:
         token, version = None, ""
         while True:
             self.api.stats.request("list", self.kind)
-            kw = {"_continue": token} if token else {}
+            kw: dict[str, Any] = {"_continue": token} if token else {}
             answer = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=LIST_PAGE,
                                                              _request_timeout=(5, 60), _preload_content=False, **kw)
             page = Page(answer)
@@ -259,7 +262,7 @@ class RuntimeAPI:
     def __init__(self, api_client, stats: ReadStats | None = None):
         from kubernetes import client
 
-        self.api = client.CustomObjectsApi(api_client)
+        self.api: Any = client.CustomObjectsApi(api_client)  # Any: the client types JSON answers as object
         self.stats = stats or ReadStats()
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:

@@ -34,7 +34,9 @@ class Keeper:
 
     def __init__(self, api: RuntimeAPI, store: StoreWriter, stats: ReadStats, start: bool = True):
         self.store = store
-        self.reflectors = {k: Reflector(k, store, api.list, api.watch, stats=stats) for k in KINDS}
+        # api.list gives a Listing, which Reflector takes in place of (items, version)
+        self.reflectors = {k: Reflector(k, store, api.list, api.watch, stats=stats)  # type: ignore[arg-type]
+                           for k in KINDS}
         if start:
             for r in self.reflectors.values():
                 threading.Thread(target=r.run, name=f"watch-{r.kind}", daemon=True).start()

@@ -120,6 +120,7 @@ class Answers:
                 if not self.bucket.take():
                     return "limited", b""
                 flight = self._flights[k] = _Flight()
+        assert flight is not None  # this worker's, or another's it waits for
         if not leader:  # another worker asked for it first: its answer is this one's
             flight.done.wait(ASK_TIMEOUT)
             return flight.answer

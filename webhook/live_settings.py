@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import metrics
 from .blocking import blocking_allowed
@@ -144,7 +145,7 @@ class ConfigMapSettings(LiveSettings):
         from kubernetes import client
 
         super().__init__(**kw)
-        self.core = client.CoreV1Api(api_client)
+        self.core: Any = client.CoreV1Api(api_client)  # Any: the client types JSON answers as object
         self.namespace, self.name, self.key = namespace, name, key
         self.where = f"ConfigMap {namespace}/{name}"
         self.backoff = Backoff()

@@ -192,7 +192,7 @@ def watch_certificates(expiry: Callable[[], dict[str, float]] | None) -> None:
 
 
 class _State(Collector):
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         certs = GaugeMetricFamily("dispatch_admission_certificate_not_after_seconds",
                                   "When the certificate expires (Unix time): the serving certificate held, "
                                   "and the CA in the certificate directory.", labels=["certificate"])

@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from . import metrics
 
@@ -44,7 +45,8 @@ class MetricsAuth:
 
     def __init__(self, api_client: Callable[[], object], clock: Callable[[], float] = time.monotonic,
                  per_second: float = UNSEEN_PER_SECOND, burst: int = UNSEEN_BURST, cached: int = CACHED):
-        self._client, self._api = api_client, None
+        self._client = api_client
+        self._api: Any = None  # the API client, made on the first review
         self.clock, self.per_second, self.burst, self.cached = clock, per_second, burst, cached
         self._verdicts: OrderedDict[bytes, tuple[float, tuple[int, str] | None]] = OrderedDict()
         self._flights: dict[bytes, Future] = {}  # the review under way per token

@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import orjson
 from flask import Flask, Response, request
@@ -43,7 +44,7 @@ review_logger = logging.getLogger("dispatch_admission.review")  # its level swit
 DEV_BIND = "127.0.0.1:8443"
 
 
-def _dumps(body: dict) -> bytes:
+def _dumps(body: Mapping[str, Any]) -> bytes:
     """Compact JSON. orjson where it can (a review's encode and decode are a fifth of its CPU with the
     standard library); the standard library for what orjson refuses (lone surrogates, integers past
     64 bits), so what is accepted and what is written stay the standard library's JSON values."""
@@ -274,7 +275,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
         start_response(STATUS[code], [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return Answered(body, account) if account is not None else [body]
 
-    app.wsgi_app = wsgi_app
+    app.wsgi_app = wsgi_app  # type: ignore[method-assign]  # reviews answered before Flask
 
     def answered_before_flask():  # never reached: wsgi_app answers every POST to these paths
         raise RuntimeError("a review POST reached Flask")
@@ -453,6 +454,7 @@ def _runtime_source(opts: _Options, current: Callable[[], Settings], store_direc
     from .live_reads import LiveReads
     from .store import StoreReader
 
+    assert store_directory is not None  # serve prepares the store where no runtime files are given
     store = StoreReader(store_directory)
     source = ClusterRuntimes(store, LiveReads(store_directory))
     metrics.watch_runtime_cache(store.state, source.synced)
@@ -600,6 +602,7 @@ def run(args) -> int:
             print(f"dispatch-admission serve: runtime {e}", file=sys.stderr)
             return 1
 
+    ops: Callable[..., Any]
     ops, metrics_tls = ops_app, None
     if opts.metrics_auth:  # HTTPS on the metrics port (no client certificate asked), tokens reviewed
         from .cluster import api_client
@@ -626,7 +629,8 @@ def run(args) -> int:
             return 2
         store_directory = store.prepare(given, fresh=not external)
         if not given:
-            atexit.register(lambda: os.getpid() == master and shutil.rmtree(store_directory, ignore_errors=True))
+            atexit.register(lambda: os.getpid() == master
+                            and shutil.rmtree(store_directory, ignore_errors=True))  # type: ignore[func-returns-value]
         if not external:
             _start_keeper(store_directory, opts.kubeconfig, args, master)
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from .core import verify as core
 from .core import verify_causes as causes
 from .core import verify_cleanup as leftovers
 from .core import verify_report as report
-from .core.patch import entry_secrets
+from .core.patch import Entry, entry_secrets
 from .core.rules import runtime_facts
 from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
 from .core.settings import DEFAULT_MANAGER, Settings
@@ -79,6 +79,7 @@ class Options:
 def parse_runtime(text: str) -> tuple[str, str]:
     """KIND/NAME (KIND: ClusterTrainingRuntime or TrainingRuntime, any case, or their plurals); NAME alone is
     a ClusterTrainingRuntime."""
+    kind: str | None
     kind, _, name = text.rpartition("/")
     kind = KIND_NAMES.get(kind.lower()) if kind else CLUSTER_KIND
     if not kind or not name:
@@ -129,8 +130,9 @@ class Cluster:
             self.client = api_client(kubeconfig, prefer_kubeconfig=True)
         except Exception as e:
             raise Unusable(f"no cluster to talk to: {type(e).__name__}: {str(e)[:300]}") from None
-        self.custom = client.CustomObjectsApi(self.client)
-        self.core = client.CoreV1Api(self.client)
+        # Any: the client types JSON answers as object.
+        self.custom: Any = client.CustomObjectsApi(self.client)
+        self.core: Any = client.CoreV1Api(self.client)
 
     def default_namespace(self, kubeconfig: str | None) -> str:
         """The kubeconfig context's namespace, else the pod's own (in a cluster), else `default`."""
@@ -179,6 +181,7 @@ class Cluster:
 
     def probes(self, namespace: str | None) -> tuple[list[dict], str | None]:
         """Every TrainJob labelled as a probe in `namespace` (None: every namespace), and the server's `Date`."""
+        items: list[dict]
         items, token, date = [], None, None
         while True:
             kw = {"label_selector": core.PROBE_LABEL, "limit": 500, "_request_timeout": TIMEOUT,
@@ -280,7 +283,7 @@ class Verify:
         self.probes: list[report.Probe] = []
         self.uids: dict[str, str | None] = {}  # every name a create was sent for: its UID, once the answer came
         self.manager = opts.settings.manager if opts.settings is not None else DEFAULT_MANAGER
-        self.expected = None
+        self.expected: Entry | None = None
 
     # -- the run --
 
@@ -293,7 +296,7 @@ class Verify:
             raise Unusable(f"{kind} {name} not found{where}")
         if self.opts.settings is not None:
             self.expected = core.expected_entry(self.opts.settings, runtime_facts(runtime, self.opts.settings))
-        nodes: list[dict | None] = [None]
+        nodes: Sequence[dict | None] = [None]
         if self.opts.per_node:
             nodes = core.schedulable_nodes(self.cluster.nodes(), core.runtime_tolerations(runtime))
             if not nodes:

@@ -41,7 +41,7 @@ def pinning(allowed: frozenset[str]) -> type[ssl.SSLObject]:
 
 
 def _stamp(paths: tuple[str, ...]) -> Stamp:
-    stamps = []
+    stamps: list[tuple[int, int, int] | None] = []
     for p in paths:
         try:
             st = os.stat(p)

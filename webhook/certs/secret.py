@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -39,7 +40,7 @@ def usable(files: dict[str, bytes], names: list[str], now: dt.datetime | None = 
         return False
     covered = ({str(n) for n in san.get_values_for_type(x509.DNSName)}
                | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)})
-    same_key = key.public_key().public_numbers() == cert.public_key().public_numbers()
+    same_key = key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
     try:
         cert.verify_directly_issued_by(ca)  # the name alone is not enough: every CA we make has the same one
     except (ValueError, TypeError, InvalidSignature):
@@ -70,7 +71,7 @@ def ensure_secret(api_client, namespace: str, name: str, names: list[str]) -> di
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    core = client.CoreV1Api(api_client)
+    core: Any = client.CoreV1Api(api_client)  # Any: the client types JSON answers as object
     for _ in range(10):
         try:
             secret = core.read_namespaced_secret(name, namespace)
@@ -82,7 +83,7 @@ def ensure_secret(api_client, namespace: str, name: str, names: list[str]) -> di
         if usable(files, names):
             return files
         fresh = new_files(files, names)
-        encoded = {k: base64.b64encode(v).decode() for k, v in fresh.items()}
+        encoded: dict[str, bytes | str] = {k: base64.b64encode(v).decode() for k, v in fresh.items()}
         try:
             if secret is None:
                 core.create_namespaced_secret(namespace, client.V1Secret(
@@ -129,7 +130,8 @@ def inject_ca_bundle(api_client, configuration: str, ca_pem: bytes) -> int:
                 continue
             raise
         ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
-               for i, w in enumerate(obj.webhooks or []) if w.client_config.ca_bundle != bundle]
+               for i, w in enumerate(obj.webhooks or [])
+               if w.client_config.ca_bundle != bundle]  # type: ignore[attr-defined]  # a webhook's model
         if ops:
             patch(name, ops)
             changed += len(ops)
@@ -195,7 +197,7 @@ def issuing_ca(files: dict[str, bytes]) -> dict[str, bytes] | None:
         key = serialization.load_pem_private_key(files["ca.key"], None)
     except (KeyError, ValueError, TypeError):
         return None
-    if key.public_key().public_numbers() != cert.public_key().public_numbers():
+    if key.public_key().public_numbers() != cert.public_key().public_numbers():  # type: ignore[union-attr]
         return None
     if cert.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=SERVING_DAYS):
         return None
@@ -241,8 +243,8 @@ class CertificateController:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        encoded = {k: base64.b64encode(v).decode() for k, v in files.items()}
-        core = client.CoreV1Api(self.api)
+        encoded: dict[str, bytes | str] = {k: base64.b64encode(v).decode() for k, v in files.items()}
+        core: Any = client.CoreV1Api(self.api)  # Any: the client types JSON answers as object
         try:
             if secret is None:
                 core.create_namespaced_secret(self.namespace, client.V1Secret(
