@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: install run test test-extra test-compat unit e2e toolchain toolchain-extra wrk bench bench-cluster bench-kyverno \
-	sweep clean lock docs \
+	sweep clean lock docs lint \
 	docs-check serve-docs
 
 $(VENV)/.installed: pyproject.toml
@@ -38,9 +38,14 @@ EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_signed_image.py
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 
-# The docs check first (seconds), then the rule sweep (every rule switched off in turn must fail its tests;
-# ~1-2 min), then every test.
-test: install toolchain wrk docs-check
+# Lint and types (ruff on the whole repository; mypy on the package, strict on webhook.core; seconds).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy webhook
+
+# Lint and the docs check first (seconds), then the rule sweep (every rule switched off in turn must fail its
+# tests; ~1-2 min), then every test.
+test: install lint toolchain wrk docs-check
 	$(PY) -m tests.sweep
 	$(PY) -m pytest $(addprefix --ignore=,$(EXTRA_TESTS)) --durations=25 $(PYTEST_ARGS)
 
@@ -79,7 +84,7 @@ test-compat: install
 	  DISPATCH_E2E_KUBERNETES=$$v $(PY) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS) || status=1; done; \
 	exit $$status
 
-unit: install wrk
+unit: install lint wrk
 	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
 
 e2e: install toolchain
@@ -111,4 +116,4 @@ bench: install wrk
 	$(PY) bench/admission.py
 
 clean:
-	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache .hypothesis
+	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache .hypothesis .mypy_cache .ruff_cache
