@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from webhook import certs
 from webhook.core.runtimes import RuntimeIndex  # noqa: E402
 from tests.helpers import (CREDS, EXAMPLES, ROUTE1, ROUTE2, admission, mount_patch, pod_patch, review,  # noqa: E402
-                           runtime, stock_runtimes, trainjob)
+                           metric_total, runtime, stock_runtimes, trainjob)
 from tests.process import free_port, stop, wait_https  # noqa: E402
 
 
@@ -197,8 +197,7 @@ def api_calls(reviews: int) -> list[str]:
 
             def calls() -> float:
                 text = s.get(url + "/metrics", verify=ca, timeout=5).text
-                return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-                           if l.startswith("dispatch_admission_api_requests_total{"))
+                return metric_total(text, "dispatch_admission_api_requests_total")
 
             for _ in range(50):  # warm-up: every worker has listed and watched
                 s.post(url + "/mutate", data=body, headers={"Content-Type": "application/json"}, verify=ca)

@@ -50,7 +50,7 @@ from tests.e2e.node import NODE_NAME, Images, NodeCluster
 from tests.e2e.registry import FileEntry, write_layer
 from tests.e2e.test_node import (CREDS_PATH, IN_POD_CHECKS, NS, assert_complete, assert_in_pod_checks,
                                  assert_only_our_mount, entry, logs, pods_of, start_trainer_on_node, trainjob)
-from tests.helpers import EXAMPLES, MANAGER, ROOT
+from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_total
 from tests.process import eventually, stop
 
 CHART = ROOT / "charts" / "dispatch-admission"
@@ -1222,10 +1222,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
 
     def cached(pod: dict) -> float:
         with urllib.request.urlopen(f"http://{pod_ip(pod)}:8080/metrics", timeout=30) as got:
-            for line in got.read().decode().splitlines():
-                if line.startswith('dispatch_admission_runtime_cache_size{kind="ClusterTrainingRuntime"}'):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+            return metric_total(got.read().decode(), "dispatch_admission_runtime_cache_size",
+                                kind="ClusterTrainingRuntime")
 
     started = time.monotonic()
     try:
