@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from . import paths, registry
 from .errors import ErrInvalid, Reason, Reasons
 from .registry import MAX_RUNTIME_PATCHES, NODE_CONTAINER
-from .rule import Checks, Point
+from .rule import Checks, Hook, Point, Rule
 from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime
 from .settings import Settings
 
@@ -149,6 +149,15 @@ def find_own(spec, manager: str) -> Own | None:
     return None
 
 
+class _EntryHooks(NamedTuple):
+    """The hooks of the rules in force for another entry's pod, looked up once per walk."""
+
+    volume: tuple[tuple[Rule, Hook], ...]
+    mount_path: tuple[tuple[Rule, Hook], ...]
+    mount_name: tuple[tuple[Rule, Hook], ...]
+    env: tuple[tuple[Rule, Hook], ...]
+
+
 def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons, checks: Checks | None = None) -> Scan:
     """Walk spec.runtimePatches and spec.trainer.env once, calling the hooks of the rules in force (`checks`,
     by default `registry.in_force()`) on the way."""
@@ -157,6 +166,7 @@ def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons, checks: Che
     walk = Walk(reasons)
     patches = spec.get("runtimePatches")
     own: Own | None = None
+    hooks: _EntryHooks | None = None
     for i, entry in walk.items(patches, "spec.runtimePatches"):
         if entry.get("manager") == manager:
             if own is None:
@@ -165,31 +175,39 @@ def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons, checks: Che
                 reasons.append(registry.S4.refuse(f"spec.runtimePatches[{i}].manager",
                                                   f"{manager!r} appears more than once"))
             continue
+        if hooks is None:
+            hooks = _EntryHooks(checks.at(Point.ENTRY_VOLUME), checks.at(Point.ENTRY_MOUNT_PATH),
+                                checks.at(Point.ENTRY_MOUNT_NAME), checks.at(Point.ENTRY_ENV))
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
-            _walk_entry_pod(pod, settings, walk, reasons, checks)
+            _walk_entry_pod(pod, settings, walk, reasons, hooks)
     env = _trainer_env(spec, reasons)
-    for path, name in env:
-        checks.call(Point.TRAINER_ENV, reasons, settings, f"{path}.name", name)
+    if env:
+        on_env = checks.at(Point.TRAINER_ENV)
+        for path, name in env:
+            for rule, hook in on_env:
+                hook(rule, reasons, settings, f"{path}.name", name)
     count = len(patches) if isinstance(patches, list) else 0
     return Scan(count, patches is None or isinstance(patches, list), own, tuple(env))
 
 
-def _walk_entry_pod(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons, checks: Checks) -> None:
+def _walk_entry_pod(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons, hooks: _EntryHooks) -> None:
     """Another entry's pod: its volumes, each container's mounts (path, then volume name) and env."""
     for path, vol in volumes(pod, walk):
-        checks.call(Point.ENTRY_VOLUME, reasons, settings, f"{path}.name", vol.get("name"))
-    by_path = checks.at(Point.ENTRY_MOUNT_PATH)
+        for rule, hook in hooks.volume:
+            hook(rule, reasons, settings, f"{path}.name", vol.get("name"))
     for _, cpath, container in containers(pod, walk):
         for mpath, mount in mounts(container, cpath, walk):
             mount_path = walk.string(mount.get("mountPath"), f"{mpath}.mountPath")
-            if mount_path is not None and by_path:
+            if mount_path is not None and hooks.mount_path:
                 normal = paths.normalise(mount_path)  # once per mount: every hook compares it with its roots
                 looks = normal if mount_path.isascii() else paths.normalise(paths.skeleton(mount_path))
-                for rule, hook in by_path:
+                for rule, hook in hooks.mount_path:
                     hook(rule, reasons, settings, f"{mpath}.mountPath", mount_path, normal, looks)
-            checks.call(Point.ENTRY_MOUNT_NAME, reasons, settings, f"{mpath}.name", mount.get("name"))
+            for rule, hook in hooks.mount_name:
+                hook(rule, reasons, settings, f"{mpath}.name", mount.get("name"))
         for i, env in walk.items(container.get("env"), f"{cpath}.env"):
-            checks.call(Point.ENTRY_ENV, reasons, settings, f"{cpath}.env[{i}].name", env.get("name"))
+            for rule, hook in hooks.env:
+                hook(rule, reasons, settings, f"{cpath}.env[{i}].name", env.get("name"))
 
 
 def _trainer_env(spec: dict[str, Any], reasons: Reasons) -> list[tuple[str, str]]:
