@@ -26,6 +26,7 @@ from tests.helpers import (  # noqa: E402
     ROUTE1,
     ROUTE2,
     admission,
+    metric_total,
     mount_patch,
     pod_patch,
     review,
@@ -213,8 +214,7 @@ def api_calls(reviews: int) -> list[str]:
 
             def calls() -> float:
                 text = s.get(url + "/metrics", verify=ca, timeout=5).text
-                return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-                           if ln.startswith("dispatch_admission_api_requests_total{"))
+                return metric_total(text, "dispatch_admission_api_requests_total")
 
             for _ in range(50):  # warm-up: every worker has listed and watched
                 s.post(url + "/mutate", data=body, headers={"Content-Type": "application/json"}, verify=ca)

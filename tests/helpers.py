@@ -128,3 +128,17 @@ def fields(resp: dict) -> list[str]:
 
 def sentinels(resp: dict) -> list[str]:
     return [c["message"].split(":")[0] for c in resp["status"]["details"]["causes"]]
+
+
+def metric_samples(text: str, name: str, /, **labels: str) -> list[float]:
+    """The values of the samples named `name` (the full sample name, `_total` included) whose labels include
+    `labels`, parsed by prometheus_client's own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def metric_total(text: str, name: str, /, **labels: str) -> float:
+    """The sum of `metric_samples` (0 when there is none)."""
+    return sum(metric_samples(text, name, **labels))

@@ -116,7 +116,7 @@ def errors_page() -> str:
     for r in registry.RULES:
         reads = "; ".join(f"`{x}`" for x in r.reads)
         out.append(f"\n### {r.id}\n\nRefuses {r.refuses}.\n\n"
-                   f"Sentinel `{r.sentinel.label}`; SPEC {r.section}; reads {reads}; checked in `{r.where}`.\n")
+                   f"Sentinel `{r.sentinel.label}`; SPEC {r.section}; reads {reads}; checked in {r.where}.\n")
     out += ["\n## Other values of the rule label\n\n| label | meaning |\n|---|---|\n"]
     for label, meaning in registry.OTHER_LABELS:
         out.append(f"| `{label}` | {_cell(meaning)} |\n")

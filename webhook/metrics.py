@@ -117,6 +117,12 @@ _directory: str | None = None  # multiprocess mode's files; None: one process
 _lock = threading.Lock()
 
 
+def count_would_deny(families: Metrics, would_deny: Iterable[tuple[str, str]]) -> None:
+    """SPEC 8.1: one count per (sentinel, rule) that `enforce` would have denied (an outcome's `would_deny`)."""
+    for sentinel, rule in would_deny:
+        families.would_deny.labels(sentinel, rule).inc()
+
+
 def start(directory: str | None = None) -> Metrics:
     """At `serve`'s start-up, before workers fork: the families in multiprocess mode, in `directory` (or
     PROMETHEUS_MULTIPROC_DIR, else a fresh temporary one), made if absent and emptied of an earlier run's

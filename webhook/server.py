@@ -245,8 +245,7 @@ def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable
             latency[verb].observe(elapsed)
             families.reviews.labels(endpoint, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
             would_deny = outcome.would_deny
-            for sentinel, rule in would_deny:
-                families.would_deny.labels(sentinel, rule).inc()
+            metrics.count_would_deny(families, would_deny)
             if outcome.intercepted and review_log.enabled:
                 review_log.write({
                     "msg": "review", "endpoint": endpoint, "uid": outcome.uid, "operation": outcome.operation,

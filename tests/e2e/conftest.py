@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane, logs_since
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, metric_total
 from tests.process import webhook_server
 
 ROUTE_LABEL = "dispatch-e2e/route"
@@ -67,14 +67,8 @@ class Webhook:
 
         return requests.get(self.url + "/metrics", verify=self.ca, timeout=5).text
 
-    def metric(self, name: str, **labels) -> float:
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                got_labels = line[len(name):].split(" ")[0].strip("{}")
-                if all(f'{k}="{v}"' in got_labels for k, v in labels.items()):
-                    total += float(line.rsplit(" ", 1)[1])
-        return total
+    def metric(self, name: str, /, **labels) -> float:
+        return metric_total(self.metrics(), name, **labels)
 
 
 @dataclass

@@ -61,7 +61,7 @@ from tests.e2e.test_node import (
     start_trainer_on_node,
     trainjob,
 )
-from tests.helpers import EXAMPLES, MANAGER, ROOT
+from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_total
 from tests.process import eventually, stop
 
 CHART = ROOT / "charts" / "dispatch-admission"
@@ -1237,10 +1237,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
 
     def cached(pod: dict) -> float:
         with urllib.request.urlopen(f"http://{pod_ip(pod)}:8080/metrics", timeout=30) as got:
-            for line in got.read().decode().splitlines():
-                if line.startswith('dispatch_admission_runtime_cache_size{kind="ClusterTrainingRuntime"}'):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+            return metric_total(got.read().decode(), "dispatch_admission_runtime_cache_size",
+                                kind="ClusterTrainingRuntime")
 
     started = time.monotonic()
     try:

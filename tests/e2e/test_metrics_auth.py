@@ -12,7 +12,7 @@ import time
 
 import requests
 
-from tests.helpers import EXAMPLES, review, trainjob
+from tests.helpers import EXAMPLES, metric_total, review, trainjob
 from tests.process import free_port, webhook_server
 from webhook.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
 
@@ -72,8 +72,7 @@ FLOODERS = 4
 def token_reviews(cluster) -> float:
     """TokenReviews the API server has answered (its own apiserver_request_total)."""
     text = cluster.kubectl("get", "--raw", "/metrics").stdout
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("apiserver_request_total{") and 'resource="tokenreviews"' in line)
+    return metric_total(text, "apiserver_request_total", resource="tokenreviews")
 
 
 def pct(values: list[float], q: float) -> float:

@@ -17,7 +17,7 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.conftest import _LOGS, Webhook, start_cluster, webhooks_swapped
-from tests.helpers import EXAMPLES, MANAGER, ROOT, mount_patch, runtime, trainjob
+from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_samples, mount_patch, runtime, trainjob
 from tests.process import webhook_server
 from webhook import api
 from webhook.files import load_settings
@@ -79,10 +79,8 @@ def runtime_configuration(hook: Webhook) -> dict:
 
 def runtime_ready(hook: Webhook, name: str) -> float | None:
     """The cluster runtime `name`'s dispatch_admission_runtime_ready, None while it has no series."""
-    for line in hook.metrics().splitlines():
-        if line.startswith("dispatch_admission_runtime_ready{") and f'name="{name}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    found = metric_samples(hook.metrics(), "dispatch_admission_runtime_ready", name=name)
+    return found[0] if found else None
 
 
 def wait_ready_gauge(hook: Webhook, name: str, value: float, timeout: float = 20) -> float | None:

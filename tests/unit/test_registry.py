@@ -2,11 +2,14 @@
 the code is there, and a rule switched off gives no reason anywhere (what the sweep relies on)."""
 
 import ast
+import importlib
+import inspect
 
 import pytest
 
 from tests.helpers import ROOT, admission, answer, review, runtime, sentinels, stock_runtimes, trainjob
 from webhook.core import errors, registry
+from webhook.core.rule import Rule
 from webhook.core.runtimes import RuntimeIndex
 
 CORE = ROOT / "webhook" / "core"
@@ -14,34 +17,68 @@ LABELS = {r.id for r in registry.RULES} | {label for label, _ in registry.OTHER_
 
 
 def rule_tags_in_code() -> set[str]:
-    """The rule of every reason the core makes: `reasons.add(SENTINEL, FIELD, TEXT, RULE)`,
-    `Reason(SENTINEL, FIELD, TEXT, RULE)`, `Walk(..., rule=RULE)`, where RULE is a literal or a RULE_ name."""
+    """Every rule label written in the core outside the registry: the 4th argument of `reasons.add(...)` or
+    `Reason(...)`, a `rule=` keyword, or a string compared with something (`r.rule == "R2"`), where the label
+    is a literal or a RULE_ name. A reason of a rule is made through its rule (`registry.R2.refuse`), so no
+    rule id may be among them."""
     consts = {n: getattr(errors, n) for n in dir(errors) if n.startswith("RULE_")}
     found = set()
     for path in CORE.glob("*.py"):
+        if path.name in ("registry.py", "errors.py"):
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Call):
-                continue
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            values = []
-            if name in ("add", "Reason") and len(node.args) == 4:
-                values.append(node.args[3])
-            values += [k.value for k in node.keywords if k.arg == "rule"]
+            values: list[ast.expr] = []
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in ("add", "Reason") and len(node.args) == 4:
+                    values.append(node.args[3])
+                values += [k.value for k in node.keywords if k.arg == "rule"]
+            elif isinstance(node, ast.Compare):
+                values += [node.left, *node.comparators]
             for v in values:
-                if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in LABELS:
                     found.add(v.value)
                 elif isinstance(v, ast.Name) and v.id in consts:
                     found.add(consts[v.id])
     return found
 
 
-def test_every_rule_id_in_the_code_is_in_the_registry_and_every_rule_is_used():
-    used = rule_tags_in_code()
-    assert used - LABELS == set()
-    assert {r.id for r in registry.RULES} <= used
+def test_no_rule_id_is_written_beside_a_check_and_every_rule_has_a_check():
+    assert rule_tags_in_code() - {label for label, _ in registry.OTHER_LABELS} == set()
+    names = {id(v): k for k, v in vars(registry).items() if isinstance(v, Rule)}
+    for r in registry.RULES + (registry.MALFORMED,):
+        assert r.section and r.refuses and r.reads and r.where, r.id
+        assert r.hooks or r.checked_in, f"{r.id} has no check"
+        for point, hook in r.hooks.items():
+            assert point.where in r.where and callable(hook)
+        for where in r.checked_in:  # each function named exists and makes reasons through this rule
+            module, *attrs = where.split(".")
+            found = importlib.import_module(f"webhook.core.{module}")
+            for attr in attrs:
+                found = getattr(found, attr)
+            assert f"registry.{names[id(r)]}" in inspect.getsource(found), f"{r.id}: {where}"
     assert len(registry.BY_ID) == len(registry.RULES)
-    for r in registry.RULES:
-        assert r.section and r.refuses and r.reads and r.where
+
+
+def test_a_reason_is_made_through_its_rule_with_its_id_and_sentinel():
+    r1 = registry.rule("R1")
+    assert r1.refuse("spec.runtimeRef.kind", "x") == errors.Reason(r1.sentinel, "spec.runtimeRef.kind", "x", "R1")
+    assert r1.refuse("spec.runtimeRef", "required", sentinel=errors.ErrInvalid).sentinel is errors.ErrInvalid
+    with pytest.raises(ValueError):
+        registry.rule("S3").refuse("spec.trainer.env[0].name", "x", sentinel=errors.ErrNotFound)
+
+
+def test_a_malformed_object_has_an_id_of_its_own_that_cannot_be_switched_off():
+    job = trainjob(patches=[{"manager": "other.example.com/x", "trainingRuntimeSpec": []}])
+    _, outcome = admission().review(review(job), "validate")
+    assert ("malformed", "spec.runtimePatches[0].trainingRuntimeSpec") in [(r.rule, r.field) for r in outcome.reasons]
+    assert "S2" not in {r.rule for r in outcome.reasons}  # no longer counted as a mount under /opt/dispatch
+    with pytest.raises(KeyError):
+        with registry.switched_off("malformed"):
+            pass
+    with registry.switched_off(*registry.BY_ID):  # every rule off: what cannot be read is still refused
+        _, outcome = admission().review(review(job), "validate")
+        assert [r.rule for r in outcome.reasons] == ["malformed"]
 
 
 def test_a_rule_switched_off_gives_no_reason_and_comes_back():

@@ -20,27 +20,17 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from functools import lru_cache
 from typing import Any, NamedTuple, TypeVar
 
-from . import patch, rules
-from .errors import (
-    RULE_INTERNAL,
-    RULE_UNAVAILABLE,
-    RULE_UPDATE,
-    ErrInternal,
-    ErrInvalid,
-    ErrUnavailable,
-    Reason,
-    Reasons,
-    Sentinel,
-    primary,
-)
+from . import patch, registry, rules
+from .errors import RULE_INTERNAL, RULE_UNAVAILABLE, ErrInternal, ErrUnavailable, Reason, Reasons, Sentinel, primary
 from .patch import Entry, Op
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_reason, short_text
+from .rule import Checks
 from .rules import Own, RuntimeFacts, RuntimeRef
 from .runtimes import GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
 from .settings import ROUTE_INIT_CONTAINER, Settings
@@ -95,6 +85,7 @@ class Plan:
     name: str
     stage: Stage
     settings: Settings
+    checks: Checks = field(default_factory=registry.in_force)  # the rules in force
     spec: Any = None                     # the new spec as sent (the patch's paths are computed from it)
     count: int = 0                       # runtimePatches entries
     readable: bool = True                # runtimePatches absent or a list
@@ -182,7 +173,7 @@ def mutation(p: Plan) -> Decision:
                 ops.append(patch.remove_op(p.own.index))
                 warnings.append(W_REMOVED)
         elif p.own is None:
-            if p.entry is not None and rules.room_for_entry(p.count, reasons):  # R8
+            if p.entry is not None and rules.room_for_entry(p.count, reasons, p.checks):  # R8
                 ops.append(patch.append_op(p.spec, p.entry.json(p.clock())))
         elif p.entry is not None and not p.entry.matches(p.own.entry):
             ops.append(patch.replace_op(p.own.index, p.entry.json(p.clock())))  # nobody may pre-seed the mount
@@ -192,7 +183,7 @@ def mutation(p: Plan) -> Decision:
     elif p.stage is Stage.KEEP:
         assert p.old_own is not None  # KEEP: the old object holds the entry
         if p.own is None:  # a re-applied manifest that never held it: put it back as it was
-            if rules.room_for_entry(p.count, reasons):
+            if rules.room_for_entry(p.count, reasons, p.checks):
                 ops.append(patch.insert_op(p.spec, p.old_own.index, json.dumps(p.old_own.entry)))
                 warnings.append(W_PUT_BACK)
         else:
@@ -220,17 +211,19 @@ def validation(p: Plan, *, warn: bool = False) -> Decision:
             kept_out = mutation(p).reasons if warn else ()
             if kept_out:
                 reasons.extend(kept_out)
-            elif p.readable:  # S5 (a runtimePatches that is no list is already a reason)
-                reasons.add(ErrInvalid, "spec.runtimePatches",
-                            f"the dispatch-admission mutating webhook was bypassed: no entry of manager {p.manager!r}",
-                            "S5")
+            elif p.readable and p.checks.on(registry.S5):  # a runtimePatches that is no list is already a reason
+                reasons.append(registry.S5.refuse(
+                    "spec.runtimePatches",
+                    f"the dispatch-admission mutating webhook was bypassed: no entry of manager {p.manager!r}"))
         elif p.entry is not None and not p.entry.matches(p.own.entry) and \
                 not (p.previous is not None and p.previous.matches(p.own.entry)):  # SPEC 2.1's grace
             _s4(p, reasons)
     elif p.stage is Stage.KEEP:
         if p.own is None:
-            reasons.add(ErrInvalid, "spec.runtimePatches",
-                        f"the entry of manager {p.manager!r} was removed; it is immutable once written", RULE_UPDATE)
+            if p.checks.on(registry.UPDATE):
+                reasons.append(registry.UPDATE.refuse(
+                    "spec.runtimePatches",
+                    f"the entry of manager {p.manager!r} was removed; it is immutable once written"))
         else:
             _immutable(p, reasons)
     elif p.own is not None:
@@ -242,10 +235,10 @@ def _immutable(p: Plan, reasons: Reasons) -> None:
     """The entry once written is never rewritten (Trainer's CRD makes it immutable); a stale one is kept
     as it is, unsaid (SPEC 6.3: `audit` reports it)."""
     assert p.own is not None and p.old_own is not None  # KEEP, and the new object holds the entry too
-    if not patch.same(p.own.entry, p.old_own.entry):
-        reasons.add(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
-                    f"the entry of manager {p.manager!r} is immutable once written; recreate the TrainJob to change it",
-                    RULE_UPDATE)
+    if p.checks.on(registry.UPDATE) and not patch.same(p.own.entry, p.old_own.entry):
+        reasons.append(registry.UPDATE.refuse(
+            f"spec.runtimePatches[{p.own.index}]",
+            f"the entry of manager {p.manager!r} is immutable once written; recreate the TrainJob to change it"))
 
 
 def _s4_added(p: Plan, reasons: Reasons) -> None:
@@ -263,15 +256,19 @@ def _s4_added(p: Plan, reasons: Reasons) -> None:
 
 def _s4(p: Plan, reasons: Reasons) -> None:
     assert p.own is not None
-    reasons.add(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
-                f"the entry of manager {p.manager!r} differs from what the webhook's settings produce", "S4")
+    if p.checks.on(registry.S4):
+        reasons.append(registry.S4.refuse(
+            f"spec.runtimePatches[{p.own.index}]",
+            f"the entry of manager {p.manager!r} differs from what the webhook's settings produce"))
 
 
 def _s4_unconfigured(p: Plan) -> list[Reason]:
     assert p.own is not None
-    return [Reason(ErrInvalid, f"spec.runtimePatches[{p.own.index}]",
-                   f"an entry of manager {p.manager!r} is not allowed: this webhook has no publish or credentials"
-                   " configured", "S4")]
+    if not p.checks.on(registry.S4):
+        return []
+    return [registry.S4.refuse(f"spec.runtimePatches[{p.own.index}]",
+                               f"an entry of manager {p.manager!r} is not allowed: this webhook has no publish or"
+                               " credentials configured")]
 
 
 def _route2(settings: Settings) -> bool:
@@ -379,7 +376,7 @@ def _guarded(reasons: Reasons, check: Callable[..., T], *args: Any) -> T | None:
     except WouldBlock:
         raise  # not a fault: the review is answered again where blocking is allowed
     except RecursionError:  # an object nested deeper than can be walked: the sender's fault
-        reasons.add(ErrInvalid, "(object)", "nested too deeply", "S2")
+        reasons.append(registry.MALFORMED.refuse("(object)", "nested too deeply"))
     except Exception:
         log.exception("internal error while checking")
         reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
@@ -429,8 +426,10 @@ class Admission:
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  enforcement: Enforcement = Enforcement.ENFORCE,
                  refresh: Callable[[], Settings | None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, grace: float = PREVIOUS_SETTINGS_GRACE):
+                 monotonic: Callable[[], float] = time.monotonic, grace: float = PREVIOUS_SETTINGS_GRACE,
+                 checks: Checks | None = None):
         self.runtimes = runtimes
+        self.checks = checks or registry.in_force()  # the rules in force, for every review it decides
         self.grace = grace  # serve --previous-settings-grace; 0: a digest switched away from is refused at once
         self.clock = patch.Clock(clock)
         self.enforcement = Enforcement(enforcement)
@@ -451,24 +450,24 @@ class Admission:
         self._live = _Live(settings, live.settings if self.grace > 0 else None, self.monotonic() + self.grace)
         return True
 
-    # ---- per-runtime facts, worked out once per runtime and settings, and kept with it ----
+    # ---- per-runtime facts, worked out once per runtime, settings and rules in force, and kept with it ----
 
     def facts(self, runtime: Runtime | dict[str, Any]) -> tuple[RuntimeFacts, Entry | None]:
-        decided = self._decided(self._live, Runtime.of(runtime))
+        decided = self._decided(self._live, Runtime.of(runtime), self.checks)
         return decided.facts, decided.entry
 
     @staticmethod
-    def _decided(live: _Live, runtime: Runtime) -> Decided:
+    def _decided(live: _Live, runtime: Runtime, checks: Checks) -> Decided:
         memo = runtime.memo[0]  # one read: another thread may replace it, never half of it
-        if memo is not None and memo[0] is live.settings and memo[1] is live.previous:
-            kept: Decided = memo[2]
+        if memo is not None and memo[0] is live.settings and memo[1] is live.previous and memo[2] is checks:
+            kept: Decided = memo[3]
             return kept
         settings, prev = live.settings, live.previous
-        facts = rules.runtime_facts(runtime, settings)
+        facts = rules.runtime_facts(runtime, settings, checks)
         targets = facts.targets
         decided = Decided(facts, _entry(settings, targets) if settings.configured and targets else None,
                           _entry(prev, targets) if prev is not None and prev.configured and targets else None)
-        runtime.memo[0] = (settings, prev, decided)
+        runtime.memo[0] = (settings, prev, checks, decided)
         return decided
 
     # ---- reviews ----
@@ -495,7 +494,7 @@ class Admission:
         except (BadReview, WouldBlock):
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
-            decision = Decision(reasons=(Reason(ErrInvalid, "(object)", "nested too deeply", "S2"),))
+            decision = Decision(reasons=(registry.MALFORMED.refuse("(object)", "nested too deeply"),))
         except Exception:  # a fault of ours: deny (never admit unchecked), and say so
             log.exception("internal error reviewing uid=%s", uid)
             decision = Decision(reasons=(Reason(ErrInternal, "(webhook)",
@@ -511,7 +510,7 @@ class Admission:
 
     def _refreshed(self, decision: Decision) -> bool:
         """Before an S4 refusal: read the settings once more, and switch when they changed (SPEC 2.1)."""
-        if self.refresh is None or not any(r.rule == "S4" for r in decision.reasons):
+        if self.refresh is None or not any(r.rule == registry.S4.id for r in decision.reasons):
             return False
         fresh = self.refresh()
         return fresh is not None and self.switch(fresh)
@@ -535,7 +534,7 @@ class Admission:
         live = self._live
         if old is not None and (meta.get("deletionTimestamp") or _meta(old).get("deletionTimestamp")):
             return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.DELETING,
-                        settings=live.settings)
+                        settings=live.settings, checks=self.checks)
         if old is None:
             return self._plan_create(live, operation, namespace, name, obj)
         return self._plan_update(live, operation, namespace, name, obj, old)
@@ -545,13 +544,13 @@ class Admission:
         value = obj.get("spec")
         if value.__class__ is dict:
             return value, value
-        return value, rules.Walk(reasons, rule="S2").obj(value, "spec") or {}
+        return value, rules.Walk(reasons).obj(value, "spec") or {}
 
     def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any]) -> Plan:
         settings = live.settings
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
+        found = _guarded(reasons, rules.scan, spec, settings, reasons, self.checks) or rules.Scan(0, True, None, ())
         runtime_reasons = Reasons()
         got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
                        runtime_reasons, {})
@@ -560,6 +559,7 @@ class Admission:
         if previous is not None and self.monotonic() >= live.previous_until:
             previous = None
         return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.CREATE, settings=settings,
+                    checks=self.checks,
                     spec=spec_value, count=found.count, readable=found.readable, own=found.own, entry=entry,
                     previous=previous, clock=self.clock.stamp, reasons=tuple(reasons),
                     runtime_reasons=tuple(runtime_reasons))
@@ -578,13 +578,15 @@ class Admission:
             own = old_own
             count = len(old_spec["runtimePatches"]) if isinstance(old_spec.get("runtimePatches"), list) else 0
             return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
+                        checks=self.checks,
                         spec=spec_value, count=count, own=own, old_own=old_own, clock=self.clock.stamp)
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(reasons, rules.scan, spec, settings, reasons) or rules.Scan(0, True, None, ())
+        found = _guarded(reasons, rules.scan, spec, settings, reasons, self.checks) or rules.Scan(0, True, None, ())
         before = Reasons()
         self._spec(old, before)
-        old_found = _guarded(before, rules.scan, old_spec, settings, before) or rules.Scan(0, True, None, ())
+        old_found = _guarded(before, rules.scan, old_spec, settings, before, self.checks) or \
+            rules.Scan(0, True, None, ())
         runtime_reasons = Reasons()
         entry = None
         if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
@@ -599,6 +601,7 @@ class Admission:
             before.extend(old_runtime)
         new = ratchet(reasons, spec, before, old_spec)
         return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
+                    checks=self.checks,
                     spec=spec_value, count=found.count, readable=found.readable, own=found.own, old_own=old_own,
                     entry=entry, clock=self.clock.stamp, reasons=tuple(new), runtime_reasons=tuple(runtime_reasons))
 
@@ -615,7 +618,7 @@ class Admission:
                             RULE_UNAVAILABLE)
             else:
                 if runtime is None:
-                    rules.not_found(ref, reasons)
+                    rules.not_found(ref, reasons, self.checks)
             found = lookups[ref] = _Lookup(runtime, tuple(reasons))
         return found
 
@@ -624,16 +627,16 @@ class Admission:
                        lookups: dict[RuntimeRef, _Lookup]) -> tuple[Entry | None, Entry | None]:
         """R1 to R7: read the named runtime; the entries the settings (and the previous settings) produce
         for it, when one can be made."""
-        ref = rules.runtime_ref(spec, namespace, runtime_reasons)
+        ref = rules.runtime_ref(spec, namespace, runtime_reasons, self.checks)
         if ref is None:
             return None, None
         found = self._lookup(ref, lookups)
         runtime_reasons.extend(found.reasons)
         if found.runtime is None:
             return None, None
-        decided = self._decided(live, found.runtime)
+        decided = self._decided(live, found.runtime, self.checks)
         runtime_reasons.extend(decided.facts.reasons)
-        rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons)
+        rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons, live.settings, self.checks)
         return decided.entry, decided.previous
 
     # ---- runtime warnings (SPEC 8.3) ----
@@ -653,7 +656,7 @@ class Admission:
             # Judged as the kind the request is for, whatever the object says.
             runtime = Runtime.of({**obj, "kind": RUNTIME_RESOURCES[resource],
                                    "metadata": {**meta, "name": name, "namespace": namespace}})
-            facts = rules.runtime_facts(runtime, settings)
+            facts = rules.runtime_facts(runtime, settings, self.checks)
             what = f"{runtime}: "
             warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: "
                              f"{short_text(r.text.removeprefix(what))}" for r in facts.reasons)

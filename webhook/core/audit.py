@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from . import rules
+from . import registry, rules
 from .admission import Admission
 from .errors import ErrNotFound, Reason, Reasons
 from .patch import entry_secrets
@@ -64,6 +64,12 @@ def judge_runtime(admission: Admission, runtime: Runtime | dict[str, Any]) -> Fi
     return Finding(runtime.kind, runtime.namespace, runtime.name, verdict, facts.reasons)
 
 
+def _verdict_of(reason: Reason) -> Verdict:
+    """What the rule that gave `reason` makes of a TrainJob (`Rule.verdict`: R2's is `runtime-missing`)."""
+    rule = registry.find(reason.rule)
+    return Verdict(rule.verdict) if rule is not None else Verdict.VIOLATION
+
+
 def judge_trainjob(admission: Admission, trainjob: dict[str, Any]) -> Finding:
     """`ok`, `no-entry`, `stale-entry`, `violation` or `runtime-missing` (the first that applies, in the
     order runtime-missing, violation, no-entry, stale-entry), with every reason found."""
@@ -72,8 +78,8 @@ def judge_trainjob(admission: Admission, trainjob: dict[str, Any]) -> Finding:
                            "object": trainjob})
     causes = Reasons(plan.reasons)
     if plan.own is None and plan.configured and plan.entry is not None:
-        rules.room_for_entry(plan.count, causes)  # R8: the entry would not fit
-    if any(r.rule == "R2" for r in causes):
+        rules.room_for_entry(plan.count, causes, plan.checks)  # R8: the entry would not fit
+    if any(_verdict_of(r) is Verdict.RUNTIME_MISSING for r in causes):
         verdict = Verdict.RUNTIME_MISSING
     elif causes:
         verdict = Verdict.VIOLATION

@@ -51,9 +51,7 @@ RULE_UPDATE = "update"
 RULE_UNAVAILABLE = "unavailable"
 RULE_INTERNAL = "internal"
 RULE_SETTINGS = "settings"
-
-# Rule ids that give no reason (registry.switched_off, for the sweep); empty in service.
-SWITCHED_OFF: frozenset[str] = frozenset()
+RULE_MALFORMED = "malformed"  # an object the walks cannot read (registry.MALFORMED)
 
 MAX_CAUSES = 50
 MAX_MESSAGE = 16 * 1024
@@ -156,8 +154,6 @@ class Reasons(list[Reason]):
         self.append(Reason(sentinel, field, text, rule))
 
     def append(self, reason: Reason) -> None:
-        if SWITCHED_OFF and reason.rule in SWITCHED_OFF:
-            return
         if self._seen is None:
             self._seen = set()
         key = (reason.sentinel, reason.field, reason.text)

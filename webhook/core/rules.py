@@ -1,29 +1,25 @@
-"""The rules of SPEC 5, each reporting every violation it finds, with the walkers they share.
+"""The walks the rules share: a TrainJob walked once, a runtime judged once per settings.
 
-A TrainJob is walked once (`scan`): every runtimePatches entry but the webhook's own is checked by
-S1, S2, S3 and S6 on the way, and the webhook's own entry is picked out for S4, S5 and SPEC 6.3.
-A runtime is read once, when a source takes it (`runtimes.Runtime`), and judged once per settings
-(`runtime_facts`: R3, R4, R5). Every reason carries the rule that found it (SPEC 8.1's `rule` label).
-Nothing here does I/O.
+A TrainJob is walked once (`scan`): every runtimePatches entry but the webhook's own is walked, and the
+hooks of the rules in force (`registry`, `rule.Point`) are called on each volume, mount and env on the
+way; the webhook's own entry is picked out for S4, S5 and SPEC 6.3. A runtime is read once, when a source
+takes it (`runtimes.Runtime`), and judged once per settings and rules in force (`runtime_facts`). Every
+reason is made through the rule that found it (SPEC 8.1's `rule` label); what cannot be walked is
+`registry.MALFORMED`'s. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from . import paths
-from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reason, Reasons, Sentinel
-from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Job, Runtime
-from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
+from . import paths, registry
+from .errors import ErrInvalid, Reason, Reasons
+from .registry import MAX_RUNTIME_PATCHES, NODE_CONTAINER
+from .rule import Checks, Hook, Point, Rule
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime
+from .settings import Settings
 
-NODE_CONTAINER = "node"
-MAX_RUNTIME_PATCHES = 16
-RESERVED_ENV_PREFIX = "DISPATCH_"
-TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-# The mlPolicy sources that read numProcPerNode: processes per node, MPI slots, Flux tasks (R6).
-PROC_POLICIES = ("torch", "mpi", "flux")
 CONTAINER_LISTS = ("initContainers", "containers")
 
 
@@ -33,11 +29,11 @@ class Walk:
     Mutating webhooks see objects before the API server's schema validation, so nothing is assumed.
     """
 
-    def __init__(self, reasons: Reasons, sentinel: Sentinel = ErrInvalid, rule: str = ""):
-        self.reasons, self.sentinel, self.rule = reasons, sentinel, rule
+    def __init__(self, reasons: Reasons):
+        self.reasons = reasons
 
     def bad(self, path: str, text: str) -> None:
-        self.reasons.add(self.sentinel, path, text, self.rule)
+        self.reasons.append(registry.MALFORMED.refuse(path, text))
 
     def obj(self, value: Any, path: str) -> dict[str, Any] | None:
         if value is None or isinstance(value, dict):
@@ -154,92 +150,70 @@ def find_own(spec: Any, manager: str) -> Own | None:
     return None
 
 
-def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons) -> Scan:
-    """Walk spec.runtimePatches and spec.trainer.env once, applying S1, S2, S3 and S6 on the way."""
+class _EntryHooks(NamedTuple):
+    """The hooks of the rules in force for another entry's pod, looked up once per walk."""
+
+    volume: tuple[tuple[Rule, Hook], ...]
+    mount_path: tuple[tuple[Rule, Hook], ...]
+    mount_name: tuple[tuple[Rule, Hook], ...]
+    env: tuple[tuple[Rule, Hook], ...]
+
+
+def scan(spec: dict[str, Any], settings: Settings, reasons: Reasons, checks: Checks | None = None) -> Scan:
+    """Walk spec.runtimePatches and spec.trainer.env once, calling the hooks of the rules in force (`checks`,
+    by default `registry.in_force()`) on the way."""
+    checks = checks or registry.in_force()
     manager = settings.manager
-    walk = Walk(reasons, rule="S2")  # a malformed entry is found while looking for mounts in it
+    walk = Walk(reasons)
     patches = spec.get("runtimePatches")
     own: Own | None = None
+    hooks: _EntryHooks | None = None
     for i, entry in walk.items(patches, "spec.runtimePatches"):
         if entry.get("manager") == manager:
             if own is None:
                 own = Own(i, entry)
-            else:
-                reasons.add(ErrInvalid, f"spec.runtimePatches[{i}].manager", f"{manager!r} appears more than once",
-                            "S4")
+            elif checks.on(registry.S4):
+                reasons.append(registry.S4.refuse(f"spec.runtimePatches[{i}].manager",
+                                                  f"{manager!r} appears more than once"))
             continue
+        if hooks is None:
+            hooks = _EntryHooks(checks.at(Point.ENTRY_VOLUME), checks.at(Point.ENTRY_MOUNT_PATH),
+                                checks.at(Point.ENTRY_MOUNT_NAME), checks.at(Point.ENTRY_ENV))
         for pod in entry_pod_specs(entry, f"spec.runtimePatches[{i}]", walk):
-            _entry_pod_rules(pod, settings, walk, reasons)
+            _walk_entry_pod(pod, settings, walk, reasons, hooks)
     env = _trainer_env(spec, reasons)
-    for path, name in env:
-        if _is_reserved_env(name):  # S3
-            reasons.add(ErrInvalid, f"{path}.name",
-                        f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the dispatch adapter",
-                        "S3")
+    if env:
+        on_env = checks.at(Point.TRAINER_ENV)
+        for path, name in env:
+            for rule, hook in on_env:
+                hook(rule, reasons, settings, f"{path}.name", name)
     count = len(patches) if isinstance(patches, list) else 0
     return Scan(count, patches is None or isinstance(patches, list), own, tuple(env))
 
 
-def _entry_pod_rules(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons) -> None:
-    creds = settings.credentials
+def _walk_entry_pod(pod: PodSpec, settings: Settings, walk: Walk, reasons: Reasons, hooks: _EntryHooks) -> None:
+    """Another entry's pod: its volumes, each container's mounts (path, then volume name) and env."""
     for path, vol in volumes(pod, walk):
-        name = vol.get("name")
-        if _is_publish_volume(name):  # S1
-            reasons.add(ErrInvalid, f"{path}.name",
-                        f"volume name {name!r} is (or looks like) {PUBLISH_VOLUME!r}, "
-                        "reserved for the webhook's publish volume",
-                        "S1")
-        for cred in creds:
-            if _looks_like(name, cred.name):  # S6: Trainer merges volumes by name
-                reasons.add(ErrInvalid, f"{path}.name",
-                            f"volume name {name!r} is (or looks like) credential {cred.name!r}'s volume,"
-                            " which only the webhook's entry defines", "S6")
+        for rule, hook in hooks.volume:
+            hook(rule, reasons, settings, f"{path}.name", vol.get("name"))
     for _, cpath, container in containers(pod, walk):
         for mpath, mount in mounts(container, cpath, walk):
             mount_path = walk.string(mount.get("mountPath"), f"{mpath}.mountPath")
-            if mount_path is not None:
-                normal = paths.normalise(mount_path)  # once per mount: S2 and S6 compare it with their roots
+            if mount_path is not None and hooks.mount_path:
+                normal = paths.normalise(mount_path)  # once per mount: every hook compares it with its roots
                 looks = normal if mount_path.isascii() else paths.normalise(paths.skeleton(mount_path))
-                if paths.within(normal, paths.PUBLISH_DIR):  # S2
-                    reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                                f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the publish mount",
-                                "S2")
-                elif paths.within(looks, paths.PUBLISH_DIR):  # S2, look-alikes
-                    reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                                f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike characters)",
-                                "S2")
-                for cred in creds:  # S6: Trainer merges mounts by path
-                    if paths.within(normal, cred.mount_root) or paths.within(looks, cred.mount_root):
-                        reasons.add(ErrInvalid, f"{mpath}.mountPath",
-                                    f"{mount_path!r} is at or under credential {cred.name!r}'s mountPath"
-                                    f" {cred.mount_path}, which only the webhook's entry mounts", "S6")
-            if _is_publish_volume(mount.get("name")):  # S1: the reserved volume is mounted by its owner only
-                reasons.add(ErrInvalid, f"{mpath}.name",
-                            f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own entry", "S1")
+                for rule, hook in hooks.mount_path:
+                    hook(rule, reasons, settings, f"{mpath}.mountPath", mount_path, normal, looks)
+            for rule, hook in hooks.mount_name:
+                hook(rule, reasons, settings, f"{mpath}.name", mount.get("name"))
         for i, env in walk.items(container.get("env"), f"{cpath}.env"):
-            name = env.get("name")
-            if _is_reserved_env(name):  # S3, for patched containers too
-                reasons.add(ErrInvalid, f"{cpath}.env[{i}].name",
-                            f"{name!r}: names starting with {RESERVED_ENV_PREFIX} "
-                            "are reserved for the dispatch adapter", "S3")
-
-
-def _looks_like(name: object, reserved: str) -> bool:
-    return isinstance(name, str) and (name == reserved or paths.skeleton(name) == reserved)
-
-
-def _is_publish_volume(name: object) -> bool:
-    return _looks_like(name, PUBLISH_VOLUME)
-
-
-def _is_reserved_env(name: object) -> bool:
-    return isinstance(name, str) and (name.startswith(RESERVED_ENV_PREFIX)
-                                      or paths.skeleton(name).startswith(RESERVED_ENV_PREFIX))
+            for rule, hook in hooks.env:
+                hook(rule, reasons, settings, f"{cpath}.env[{i}].name", env.get("name"))
 
 
 def _trainer_env(spec: dict[str, Any], reasons: Reasons) -> list[tuple[str, str]]:
-    """(path, name) of every spec.trainer.env entry; read once per review, used by S3 and R7."""
-    walk = Walk(reasons, rule="S3")
+    """(path, name) of every spec.trainer.env entry; read once per review, for the hooks (S3, R7)."""
+    walk = Walk(reasons)
     trainer = walk.obj(spec.get("trainer"), "spec.trainer")
     if trainer is None:
         return []
@@ -267,7 +241,8 @@ class RuntimeRef(NamedTuple):
         return f"{self.kind} {where}{self.name}"
 
 
-def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons) -> RuntimeRef | None:
+def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons,
+                checks: Checks | None = None) -> RuntimeRef | None:
     """R1: the reference, with Trainer's defaults where a field is absent; None (with reasons) when it
     cannot be followed. An explicit "" is not absent: the CRD's defaulting would keep it, so it is refused."""
     ref = spec.get("runtimeRef")
@@ -275,16 +250,19 @@ def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons) -> Runti
         name, group, kind = ref.get("name"), ref.get("apiGroup"), ref.get("kind")
         if name and name.__class__ is str and group in (None, GROUP) and (kind is None or kind in KINDS):
             return RuntimeRef(GROUP, kind or CLUSTER_KIND, name, namespace)
-    walk = Walk(reasons, rule="R1")
+    r1 = registry.R1
+    on = (checks or registry.in_force()).on(r1)
+    walk = Walk(reasons)
     ref = walk.obj(spec.get("runtimeRef"), "spec.runtimeRef")
     if ref is None:
-        if "runtimeRef" not in spec or spec.get("runtimeRef") is None:
-            reasons.add(ErrInvalid, "spec.runtimeRef", "required", "R1")
+        if on and ("runtimeRef" not in spec or spec.get("runtimeRef") is None):
+            reasons.append(r1.refuse("spec.runtimeRef", "required", sentinel=ErrInvalid))
         return None
     ok = True
     name = ref.get("name")
     if name is None or name == "":
-        reasons.add(ErrInvalid, "spec.runtimeRef.name", "required", "R1")
+        if on:
+            reasons.append(r1.refuse("spec.runtimeRef.name", "required", sentinel=ErrInvalid))
         ok = False
     elif not isinstance(name, str):
         walk.bad("spec.runtimeRef.name", "must be a string")
@@ -295,20 +273,21 @@ def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons) -> Runti
     kind_ok = isinstance(ref.get("kind"), (str, type(None)))
     group = GROUP if group is None else group
     kind = CLUSTER_KIND if kind is None else kind
-    if group_ok and group != GROUP:
-        reasons.add(ErrUnsupported, "spec.runtimeRef.apiGroup", f"{group!r} is not supported: use {GROUP}", "R1")
-    if kind_ok and kind not in KINDS:
-        reasons.add(ErrUnsupported, "spec.runtimeRef.kind",
-                    f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}", "R1")
+    if on and group_ok and group != GROUP:
+        reasons.append(r1.refuse("spec.runtimeRef.apiGroup", f"{group!r} is not supported: use {GROUP}"))
+    if on and kind_ok and kind not in KINDS:
+        reasons.append(r1.refuse("spec.runtimeRef.kind",
+                                 f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}"))
     if not (ok and group_ok and kind_ok and group == GROUP and kind in KINDS):
         return None
     return RuntimeRef(group, kind, cast(str, name), namespace)  # ok: a non-empty string
 
 
-def not_found(ref: RuntimeRef, reasons: Reasons) -> None:
+def not_found(ref: RuntimeRef, reasons: Reasons, checks: Checks | None = None) -> None:
     """R2."""
-    where = f" in namespace {ref.namespace}" if ref.kind == NAMESPACED_KIND else ""
-    reasons.add(ErrNotFound, "spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}", "R2")
+    if (checks or registry.in_force()).on(registry.R2):
+        where = f" in namespace {ref.namespace}" if ref.kind == NAMESPACED_KIND else ""
+        reasons.append(registry.R2.refuse("spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}"))
 
 
 @dataclass(frozen=True)
@@ -328,85 +307,32 @@ class RuntimeFacts:
         return not self.reasons
 
 
-def runtime_facts(runtime: Runtime | dict[str, Any], settings: Settings) -> RuntimeFacts:
-    """R3, R4 and R5 for one runtime (an object is taken as a `Runtime` first). Each reason's text starts with
-    the runtime (`subject`), and says what to change."""
+def runtime_facts(runtime: Runtime | dict[str, Any], settings: Settings, checks: Checks | None = None) -> RuntimeFacts:
+    """The hooks of the rules in force (R3, R4, R5) on one runtime (an object is taken as a `Runtime` first).
+    Each reason's text starts with the runtime (`subject`), and says what to change."""
+    checks = checks or registry.in_force()
     runtime = Runtime.of(runtime)
     reasons = Reasons()
-    what = str(runtime)
-
-    def unsupported(text: str, *, rule: str) -> None:
-        reasons.append(Reason(ErrUnsupported, "spec.runtimeRef", f"{what}: {text}", rule, what))
-
-    if runtime.oversize:  # R5: not held whole, so it cannot be checked
-        unsupported(f"too large to check: {runtime.oversize}", rule="R5")
+    if runtime.oversize:  # not held whole, so nothing else can be checked
+        checks.call(Point.RUNTIME_OVERSIZE, reasons, settings, runtime)
         return RuntimeFacts((), runtime.policies, tuple(reasons))
     targets = [j for j in runtime.jobs if NODE_CONTAINER in j.containers]
-    if not targets:  # R3
-        unsupported(f"no replicated job has a container named {NODE_CONTAINER!r}", rule="R3")
-    publish = settings.publish
-    if publish is not None and publish.via == ROUTE_INIT_CONTAINER:  # R4
-        for job in targets:
-            if publish.init_container not in job.init_containers:
-                unsupported(f"job {job.name!r} lacks init container {publish.init_container!r}"
-                            " (route 2)", rule="R4")
-    _r5(runtime, targets, settings, unsupported)
+    checks.call(Point.RUNTIME, reasons, settings, runtime, targets)
     return RuntimeFacts(tuple(j.name for j in targets), runtime.policies, tuple(reasons))
 
 
-def _r5(runtime: Runtime, targets: list[Job], settings: Settings, unsupported: Callable[..., None]) -> None:
-    """R5: what the runtime defines that the webhook's entry would collide with, volumes by name and mounts by
-    path, as Trainer and JobSet merge them."""
-    creds = {c.name: c for c in settings.credentials}
-    for name in runtime.claims:  # JobSet adds a volume of each claim template's name to the pods that mount it
-        if name == PUBLISH_VOLUME:
-            unsupported(f"rename volumeClaimPolicies claim template {name!r}: JobSet makes it a volume of that"
-                        " name, which the webhook reserves", rule="R5")
-        elif name in creds:
-            unsupported(f"rename credential {name!r} or the volumeClaimPolicies claim template of that name: JobSet"
-                        " makes the template a volume, and two volumes would share the name", rule="R5")
-    for job in runtime.jobs:
-        for name in job.volumes:
-            if name == PUBLISH_VOLUME or name in creds:
-                unsupported(f"replicated job {job.name!r} already defines volume {name!r},"
-                            " a name the webhook reserves", rule="R5")
-        for container, mp in job.publish_mounts:
-            unsupported(f"replicated job {job.name!r} container {container!r}"
-                        f" mounts {mp!r}, at or under {paths.PUBLISH_DIR}", rule="R5")
-    for job in targets:  # where the credentials are mounted: Trainer merges mounts by path
-        for mp in job.node_mounts:
-            for cred in settings.credentials:
-                if paths.within(mp, cred.mount_root):
-                    unsupported(f"move credential {cred.name!r} ({cred.mount_path}) or the mount at {mp!r} of"
-                                f" replicated job {job.name!r} container {NODE_CONTAINER!r}: one would replace"
-                                " the other", rule="R5")
-    if runtime.ssh_path:
-        for cred in settings.credentials:
-            if paths.overlaps(runtime.ssh_path, cred.mount_root):
-                unsupported(f"move credential {cred.name!r} ({cred.mount_path}): it overlaps"
-                            f" mlPolicy.mpi.sshAuthMountPath {runtime.ssh_path!r}, where MPI's SSH keys go", rule="R5")
+def trainjob_runtime_rules(spec: dict[str, Any], ref: RuntimeRef, facts: RuntimeFacts, env: Any, reasons: Reasons,
+                           settings: Settings, checks: Checks | None = None) -> None:
+    """What the TrainJob asks of the runtime (R6, R7; R8 depends on the mutation and is checked with it)."""
+    (checks or registry.in_force()).call(Point.TRAINJOB_RUNTIME, reasons, settings, spec, ref, facts, env)
 
 
-def trainjob_runtime_rules(spec: dict[str, Any], ref: RuntimeRef, facts: RuntimeFacts,
-                           env: Iterable[tuple[str, str]], reasons: Reasons) -> None:
-    """R6 and R7: what the TrainJob asks of the runtime (R8 depends on the mutation and is checked with it)."""
-    trainer = spec.get("trainer")
-    if not isinstance(trainer, dict):
-        trainer = {}
-    if trainer.get("numProcPerNode") is not None and not facts.policies & set(PROC_POLICIES):  # R6
-        reasons.add(ErrUnsupported, "spec.trainer.numProcPerNode",
-                    f"{ref} has none of mlPolicy.torch, mpi or flux, so nothing reads numProcPerNode", "R6")
-    if facts.torch:  # R7
-        for path, name in env:
-            if name in TORCH_RESERVED_ENV:
-                reasons.add(ErrInvalid, f"{path}.name",
-                            f"{name!r} is set by Trainer's torch plugin ({ref} uses mlPolicy.torch)", "R7")
-
-
-def room_for_entry(count: int, reasons: Reasons) -> bool:
-    """R8: adding one entry must not take runtimePatches past its CRD limit."""
+def room_for_entry(count: int, reasons: Reasons, checks: Checks | None = None) -> bool:
+    """R8: adding one entry must not take runtimePatches past its CRD limit (no room even while R8 is off)."""
     if count + 1 > MAX_RUNTIME_PATCHES:
-        reasons.add(ErrUnsupported, "spec.runtimePatches",
-                    f"has {count} entries; the webhook's entry would exceed the limit of {MAX_RUNTIME_PATCHES}", "R8")
+        if (checks or registry.in_force()).on(registry.R8):
+            reasons.append(registry.R8.refuse(
+                "spec.runtimePatches",
+                f"has {count} entries; the webhook's entry would exceed the limit of {MAX_RUNTIME_PATCHES}"))
         return False
     return True

@@ -19,7 +19,8 @@ from typing import Any
 from . import paths
 from . import verify_causes as causes
 from .patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
-from .rules import NODE_CONTAINER, RuntimeFacts
+from .registry import NODE_CONTAINER
+from .rules import RuntimeFacts
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 PUBLISH_BINARY = paths.PUBLISH_DIR + "/publish"
