@@ -32,7 +32,7 @@ toolchain-extra: install
 # Not in `make test` (CI keeps it well inside 90 minutes from empty caches): the comparisons with other engines
 # (our rules as Kyverno policies and as in-tree admission policies, on one API server) and the signed multi-arch
 # image (cosign, the arm64 half run under qemu-user). `make test-extra` runs them.
-EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_signed_image.py
+EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_cel_policies.py tests/e2e/test_signed_image.py
 
 # The soak test and the benchmark drive the server with wrk (Debian's package).
 wrk:

@@ -398,6 +398,18 @@ def _cell(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+# Where a policy engine and our webhook answer differently on this corpus, and why (docs/alternatives.md).
+LOOK_ALIKES = "look-alike characters: a policy compares code points; ours folds homoglyphs and invisible ones"
+
+
+def look_alike_cases() -> dict[str, str]:
+    """The corpus's look-alike cases (non-ASCII names and paths), by case id: neither JMESPath nor CEL folds them."""
+    return {**{f"bypass S2: path {p!r} in {lst}": LOOK_ALIKES
+               for lst in ("containers", "initContainers") for p in bypass.PATH_TRICKS if not p.isascii()},
+            "bypass S1: reserved volume name, look-alike": LOOK_ALIKES,
+            "bypass S3: DISPATCH_ env, look-alike": LOOK_ALIKES}
+
+
 # How each engine's own refusals read (the rest are the API server's: Trainer's CRD schema and CEL rules,
 # checked after the mutating admission and before the validating one).
 ENGINE_REFUSAL = {"kyverno": "admission webhook", "cel": "ValidatingAdmissionPolicy"}

@@ -1,7 +1,7 @@
 """Our rules against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
 
 Every case of tests/e2e/fidelity.py goes through both engines. Ours must answer every one as SPEC says;
-Kyverno's answers must differ from ours exactly where docs/kyverno.md says they do (a policy that stops
+Kyverno's answers must differ from ours exactly where docs/alternatives.md says they do (a policy that stops
 working, or one that starts to, changes the list and fails this test).
 """
 
@@ -16,14 +16,8 @@ from tests.e2e.conftest import Webhook, _LOGS, start_cluster
 from tests.helpers import EXAMPLES
 from tests.process import webhook_server
 
-# Where Kyverno's policies and our webhook answer differently, and why (docs/kyverno.md, "Fidelity").
-LOOK_ALIKES = "look-alike characters: a policy compares code points; ours folds homoglyphs and invisible ones"
-KNOWN_DISAGREEMENTS = {
-    **{f"bypass S2: path {p!r} in {lst}": LOOK_ALIKES
-       for lst in ("containers", "initContainers") for p in fidelity.bypass.PATH_TRICKS if not p.isascii()},
-    "bypass S1: reserved volume name, look-alike": LOOK_ALIKES,
-    "bypass S3: DISPATCH_ env, look-alike": LOOK_ALIKES,
-}
+# Where Kyverno's policies and our webhook answer differently, and why (docs/alternatives.md, section 2).
+KNOWN_DISAGREEMENTS = fidelity.look_alike_cases()
 
 
 @pytest.fixture(scope="module")
