@@ -11,44 +11,13 @@ or one that starts to, changes the list and fails this test.
 from __future__ import annotations
 
 import contextlib
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.e2e import fidelity, kyverno, toolchain
+from tests.e2e import cel, fidelity, kyverno, toolchain
 from tests.e2e.conftest import Webhook, _LOGS, start_cluster
-from tests.helpers import EXAMPLES, MANAGER, trainjob
+from tests.helpers import EXAMPLES
 from tests.process import webhook_server
-
-POLICIES = Path(__file__).resolve().parent.parent.parent / "bench" / "cel"
-POLICY_FILES = ("validate.yaml", "validate-runtime.yaml", "mutate.yaml")
-
-
-def install_policies(cluster, namespace: str, timeout: float = 60) -> None:
-    """kubectl apply the policies and their bindings, then wait until the API server enforces both halves in
-    `namespace`: a DISPATCH_ env refused (the validating policy), a plain TrainJob given our entry (the
-    mutating one, its runtime params read). Policies and bindings are picked up asynchronously."""
-    cluster.kubectl("apply", *(a for f in POLICY_FILES for a in ("-f", str(POLICIES / f))))
-    custom = fidelity._api(cluster)
-    bad = trainjob(name="cel-probe", namespace=namespace, env=[{"name": "DISPATCH_PROBE", "value": "1"}])
-    good = trainjob(name="cel-probe", namespace=namespace)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            custom.create_namespaced_custom_object(fidelity.GROUP, fidelity.VERSION, namespace, "trainjobs", bad,
-                                                   dry_run="All")
-        except Exception:
-            try:
-                got = custom.create_namespaced_custom_object(fidelity.GROUP, fidelity.VERSION, namespace, "trainjobs",
-                                                             good, dry_run="All")
-                if any(e["manager"] == MANAGER for e in got["spec"].get("runtimePatches") or []):
-                    return
-            except Exception:
-                pass
-        time.sleep(0.3)
-    raise AssertionError(f"the in-tree policies were not enforced in {namespace} within {timeout:.0f} s")
-
 
 @pytest.fixture(scope="module")
 def beside_policies(tmp_path_factory):
@@ -62,7 +31,7 @@ def beside_policies(tmp_path_factory):
         _LOGS["webhook (beside the in-tree policies)"] = log
         for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
             cluster.apply(doc)
-        install_policies(cluster, fidelity.NAMESPACES["cel"])
+        cel.install(cluster, fidelity.NAMESPACES["cel"])
         yield cluster
 
 
