@@ -107,9 +107,9 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
         if kyv is not None:
             ready.append(("Kyverno, default (admissionReports on)", many, kyv.ready_s))
         engines = ["ours", "cel", *(["kyverno"] if kyv else [])]
-        latencies, few = {}, min(n, 50)  # the policies are evaluated once per runtime: slow, so fewer
+        latencies, few = {}, min(n, 20)  # the policies are evaluated once per runtime: slow, so fewer
         for engine in [*engines, "neither"]:
-            bench.create_many(custom, f"many-warm-{engine}", 10, 1, NAMESPACES[engine])
+            bench.create_many(custom, f"many-warm-{engine}", 3, 1, NAMESPACES[engine])
             latencies[engine] = bench.create_many(custom, f"many-{engine}", few, 1, NAMESPACES[engine])
         client_rows.append((f"{many:,} runtimes, {few} creates" + (", default (admissionReports on)" if kyv else ""), 1,
                             latencies))
