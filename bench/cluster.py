@@ -315,7 +315,8 @@ def run_ready_only(runtime_counts: list[int]) -> list[str]:
         return out + section_ready(cluster, tmp, api(cluster, 32), runtime_counts, existing=0)[0]
 
 
-def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "", with_kyverno: bool = True) -> list[str]:
+def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "",
+        with_kyverno: bool = True) -> list[str]:
     """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4);
     with_kyverno: False leaves Kyverno out of section 4 (ours against the in-tree policies)."""
     out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
@@ -410,7 +411,8 @@ def main() -> int:
     p.add_argument("--kyverno", action="store_true",
                    help="then section 4: against Kyverno's policies (bench/kyverno) and the in-tree ones (bench/cel)")
     p.add_argument("--kyverno-only", action="store_true", help="section 4 alone")
-    p.add_argument("--no-kyverno", action="store_true", help="section 4 without Kyverno (ours against the in-tree policies)")
+    p.add_argument("--no-kyverno", action="store_true",
+                   help="section 4 without Kyverno (ours against the in-tree policies)")
     p.add_argument("--ready-only", action="store_true", help="section 3 alone (serve to ready, memory)")
     args = p.parse_args()
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)

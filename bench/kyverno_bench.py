@@ -68,7 +68,8 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
     for reports in modes:
         tag = {True: "1", False: "0", None: "x"}[reports]  # in TrainJob names
         mode = ("default (admissionReports on)" if reports else "--admissionReports=false") if with_kyverno else "-"
-        with (kyverno.running(cluster, tmp, admission_reports=reports) if with_kyverno else contextlib.nullcontext()) as kyv:
+        running = kyverno.running(cluster, tmp, admission_reports=reports) if with_kyverno else contextlib.nullcontext()
+        with running as kyv:
             if kyv is not None:
                 ready.append((f"Kyverno, {mode}", runtimes_now, kyv.ready_s))
             engines = ["ours", "cel", *(["kyverno"] if kyv else [])]
@@ -129,7 +130,8 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
            "webhooks called for all)", ""]
     if rows:
         out += ["| Kyverno mode | concurrency | webhook | ours: admissions | mean ms | ≤5 ms | Kyverno: admissions | "
-                "mean ms | ≤5 ms | ours / Kyverno (mean) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|", *rows, ""]
+                "mean ms | ≤5 ms | ours / Kyverno (mean) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+                *rows, ""]
     engines = ["ours", "cel", *(["kyverno"] if with_kyverno else [])]
     out += ["Create latency on the client, p50 ms, and what each engine adds to the creates no engine sees (same "
             "level, same phase):", "",
@@ -137,7 +139,8 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
             "|---|---:|---:|" + "---:|---:|" * len(engines)]
     for mode, level, lat in client_rows:
         bare = statistics.median(lat["neither"])
-        cells = " | ".join(f"{statistics.median(lat[e]):.1f} | {statistics.median(lat[e]) - bare:+.1f}" for e in engines)
+        p50 = {e: statistics.median(lat[e]) for e in engines}
+        cells = " | ".join(f"{p50[e]:.1f} | {p50[e] - bare:+.1f}" for e in engines)
         out.append(f"| {mode} | {level} | {bare:.1f} | {cells} |")
     out += ["", f"Memory after the load ({bench.MEMORY_HOW}; ours: the serve process and its workers):", ""]
     if with_kyverno:

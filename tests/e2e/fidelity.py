@@ -3,9 +3,9 @@
 (bench/cel).
 
 Each engine owns a namespace (ENGINE_LABEL selects it in every engine's webhook configurations or policy
-bindings); every case is sent to both, as a create or as an update of an object the same engine admitted (or, for jobs "created
-before the webhook", one stored while its namespace was out of scope). The answers compared: allowed or
-refused, and for an admitted object the publish entry it ends with (`time` aside) and its position.
+bindings); every case is sent to both, as a create or as an update of an object the same engine admitted (or,
+for jobs "created before the webhook", one stored while its namespace was out of scope). The answers compared:
+allowed or refused, and for an admitted object the publish entry it ends with (`time` aside) and its position.
 
 The cases come from the rule tests (tests/unit/test_rules.py, test_hardening.py, test_updates.py) and the
 bypass catalogue (tests/bypass.py); each carries what SPEC says of it (allow or deny) and where it is from.
@@ -437,6 +437,6 @@ def report(results: list[Result], other: str = "kyverno", every: bool = False) -
             ours, theirs = r.ours.summary(), r.other.summary()
             if r.ours.allowed and r.other.allowed and r.ours.entry and r.other.entry and r.ours.entry != r.other.entry:
                 theirs += " (a different entry)"
-            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | {_cell(theirs)} |"
-                       + ((" yes |" if r.agree else " **no** |") if every else ""))
+            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | "
+                       f"{_cell(theirs)} |" + ((" yes |" if r.agree else " **no** |") if every else ""))
     return out
