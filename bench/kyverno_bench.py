@@ -19,18 +19,45 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from tests.e2e import cel, kyverno
 from tests.e2e.conftest import Webhook, webhooks_swapped
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, trainjob
 from tests.process import webhook_server
 
 NAMESPACES = {"ours": "bench-ours", "kyverno": "bench-kyverno", "cel": "bench-cel", "neither": "bench-neither"}
 OURS = {"mutate": "mutate.route1.dispatch.go.phpboyscout.uk", "validate": "validate.route1.dispatch.go.phpboyscout.uk"}
 KYVERNOS = {"mutate": kyverno.MUTATE_HOOK, "validate": kyverno.VALIDATE_HOOK}
 LABELS = {"ours": "ours", "kyverno": "Kyverno", "cel": "VAP/MAP", "neither": "no engine"}
+
+
+def _note(line: str) -> None:
+    """Progress on stderr: a long run that fails late still says what it measured."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def _timed_creates(custom, prefix: str, namespace: str, count: int) -> tuple[list[float], int]:
+    """`count` creates one after the other: the latencies (ms) of those that finished, and how many failed
+    (a timeout: the API server gives up on a request after 60 s); stops at the first failure."""
+    done = []
+    for i in range(count):
+        job = trainjob(name=f"{prefix}-{i}", namespace=namespace, suspend=True)
+        started = time.perf_counter()
+        try:
+            custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", job,
+                                                   _request_timeout=120)
+        except Exception as exc:  # noqa: BLE001 - a timeout is the measurement
+            _note(f"{prefix}-{i}: failed after {time.perf_counter() - started:.1f} s: {str(exc)[:200]}")
+            return done, 1
+        done.append(1000 * (time.perf_counter() - started))
+    return done, 0
 
 
 def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels: list[int],
@@ -85,6 +112,7 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
                     hooks = {"ours": OURS, "kyverno": KYVERNOS}.get(engine, {})
                     got |= {(engine, k): bench.delta(before, after, v) for k, v in hooks.items()}
                 client_rows.append((mode, level, latencies))
+                _note(f"{mode} c{level}: " + ", ".join(f"{e} p50 {statistics.median(v):.1f}" for e, v in latencies.items()))
                 if kyv is None:
                     continue
                 for verb in ("mutate", "validate"):
@@ -95,25 +123,34 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
             memory.append((mode, runtimes_now, bench.pod_memory_mib(proc.pid),
                            bench.pod_memory_mib(kyv.proc.pid) if kyv else float("nan")))
     cel_memory.append(("after the load", runtimes_now, bench.pod_memory_mib(apiserver) - before_cel))
+    _note(f"API server growth: {cel_memory}")
 
-    # Many runtimes (10,000 by default): our cache holds them; Kyverno reads one per review; every one is a
-    # param of the in-tree policies, each evaluated once per param. Create latency at 1, memory after a load at 8.
-    if runtimes_now < many:
-        before_many = bench.pod_memory_mib(apiserver)
-        bench.make_runtimes(custom, runtimes_now, many)
-        time.sleep(10)
-        cel_memory.append((f"API server growth from {many - runtimes_now:,} more runtimes (not the policies' alone)",
-                           many, bench.pod_memory_mib(apiserver) - before_many))
-    with (kyverno.running(cluster, tmp, admission_reports=True) if with_kyverno else contextlib.nullcontext()) as kyv:
+    # Many runtimes: every one is a param of the in-tree policies, which are evaluated once per param, so
+    # their create latency is measured as the runtimes grow (a few creates each: a create may time out).
+    scaling = []
+    for count in sorted({c for c in (100, 1000, many) if runtimes_now < c <= many}):
+        before_many, previous = bench.pod_memory_mib(apiserver), runtimes_now
+        bench.make_runtimes(custom, runtimes_now, count)
+        runtimes_now = count
+        time.sleep(5)
+        scaling.append((count, _timed_creates(custom, f"scale-cel-{count}", NAMESPACES["cel"], 3 if count < many else 2),
+                        _timed_creates(custom, f"scale-neither-{count}", NAMESPACES["neither"], 3)))
+        _note(f"{count} runtimes: VAP/MAP {scaling[-1][1]}, no engine {scaling[-1][2]}")
+        if count == many:
+            cel_memory.append((f"growth from {count - previous:,} more runtimes (not the policies' alone)",
+                               many, bench.pod_memory_mib(apiserver) - before_many))
+    # Ours holds the runtimes in its cache; Kyverno reads one per review. Create latency at 1, memory after a
+    # load at 8 (the in-tree policies left out: see the scaling table).
+    running = kyverno.running(cluster, tmp, admission_reports=True) if with_kyverno else contextlib.nullcontext()
+    with running as kyv:
         if kyv is not None:
             ready.append(("Kyverno, default (admissionReports on)", many, kyv.ready_s))
-        engines = ["ours", "cel", *(["kyverno"] if kyv else [])]
-        latencies, few = {}, min(n, 20)  # the policies are evaluated once per runtime: slow, so fewer
-        for engine in [*engines, "neither"]:
-            bench.create_many(custom, f"many-warm-{engine}", 3, 1, NAMESPACES[engine])
-            latencies[engine] = bench.create_many(custom, f"many-{engine}", few, 1, NAMESPACES[engine])
-        client_rows.append((f"{many:,} runtimes, {few} creates" + (", default (admissionReports on)" if kyv else ""), 1,
-                            latencies))
+        latencies = {}
+        for engine in ["ours", *(["kyverno"] if kyv else []), "neither"]:
+            bench.create_many(custom, f"many-warm-{engine}", 10, 1, NAMESPACES[engine])
+            latencies[engine] = bench.create_many(custom, f"many-{engine}", n, 1, NAMESPACES[engine])
+        _note(f"{many} runtimes: " + ", ".join(f"{e} p50 {statistics.median(v):.1f}" for e, v in latencies.items()))
+        many_rows = [(f"{many:,} runtimes" + (", default (admissionReports on)" if kyv else ""), latencies)]
         for engine in ("ours", *(["kyverno"] if kyv else [])):
             bench.create_many(custom, f"many-c8-{engine}", n, 8, NAMESPACES[engine])
         memory.append(("default (admissionReports on)" if kyv else "-", many, bench.pod_memory_mib(proc.pid),
@@ -142,6 +179,16 @@ def run(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, levels:
         p50 = {e: statistics.median(lat[e]) for e in engines}
         cells = " | ".join(f"{p50[e]:.1f} | {p50[e] - bare:+.1f}" for e in engines)
         out.append(f"| {mode} | {level} | {bare:.1f} | {cells} |")
+    for mode, lat in many_rows:
+        bare = statistics.median(lat["neither"])
+        cells = " | ".join(f"{statistics.median(lat[e]):.1f} | {statistics.median(lat[e]) - bare:+.1f}"
+                           if e in lat else "below | -" for e in engines)
+        out.append(f"| {mode} | 1 | {bare:.1f} | {cells} |")
+    out += ["", "The in-tree policies as the runtimes grow (each binding takes every runtime as a param; creates at "
+            "concurrency 1, p50 ms of those that finished, and how many timed out):", "",
+            "| runtimes | VAP/MAP p50 ms | VAP/MAP timed out | no engine p50 ms |", "|---:|---:|---:|---:|"]
+    for count, (cel_ms, cel_failed), (bare_ms, _) in scaling:
+        out.append(f"| {count:,} | {_p50(cel_ms)} | {cel_failed} of {len(cel_ms) + cel_failed} | {_p50(bare_ms)} |")
     out += ["", f"Memory after the load ({bench.MEMORY_HOW}; ours: the serve process and its workers):", ""]
     if with_kyverno:
         out += ["| Kyverno mode | runtimes | ours MiB | Kyverno MiB | ours / Kyverno |", "|---|---:|---:|---:|---:|"]
