@@ -98,7 +98,8 @@ lock: install
 bench-cluster: install toolchain
 	$(PY) bench/cluster.py
 
-# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
+# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno) and as in-tree admission
+# policies (bench/cel), on one API server (issues 27 and 37). Without Kyverno: bench/cluster.py --kyverno-only --no-kyverno.
 KYVERNO_N ?= 200
 bench-kyverno: install toolchain toolchain-extra
 	$(PY) bench/cluster.py --kyverno-only -n $(KYVERNO_N)
