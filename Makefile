@@ -32,7 +32,7 @@ toolchain-extra: install
 # Not in `make test` (CI keeps it well inside 90 minutes from empty caches): the comparisons with other engines
 # (our rules as Kyverno policies and as in-tree admission policies, on one API server) and the signed multi-arch
 # image (cosign, the arm64 half run under qemu-user). `make test-extra` runs them.
-EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_signed_image.py
+EXTRA_TESTS ?= tests/e2e/test_kyverno.py tests/e2e/test_cel_policies.py tests/e2e/test_signed_image.py
 
 # The soak test and the benchmark drive the server with wrk (Debian's package).
 wrk:
@@ -103,7 +103,8 @@ lock: install
 bench-cluster: install toolchain
 	$(PY) bench/cluster.py
 
-# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
+# Our webhook against the same rules as Kyverno v1.15.2 policies (bench/kyverno) and as in-tree admission
+# policies (bench/cel), on one API server (issues 27 and 37). Without Kyverno: bench/cluster.py --kyverno-only --no-kyverno.
 KYVERNO_N ?= 200
 bench-kyverno: install toolchain toolchain-extra
 	$(PY) bench/cluster.py --kyverno-only -n $(KYVERNO_N)

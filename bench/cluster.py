@@ -122,11 +122,43 @@ def worker_rss_mib(pid: int) -> list[float]:
     return [_proc_mib(f"/proc/{child}/status", "VmRSS:") for child in children]
 
 
-def pod_pss_mib(pid: int) -> float:
-    """Proportional memory of the serve process and its workers together: what a pod's cgroup holds for
-    them, with the pages the workers share after fork counted once."""
-    return sum(_proc_mib(f"/proc/{p}/smaps_rollup", "Pss:")
-               for p in [str(pid)] + Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (the children of each of its threads, recursively)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:  # a thread that has just exited
+                pass
+    return out
+
+
+def _own_cgroup(pids: list[int]) -> Path | None:
+    """The cgroup (v2) the tree is alone in, if it is: then its memory.current is what the kernel charges it."""
+    try:
+        line = Path(f"/proc/{pids[0]}/cgroup").read_text().splitlines()[0]
+        group = Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/")
+        members = {int(p) for p in (group / "cgroup.procs").read_text().split()}
+    except (OSError, IndexError, ValueError):
+        return None
+    return group if members == set(pids) and (group / "memory.current").exists() else None
+
+
+MEMORY_HOW = "PSS summed over the process tree (the cgroup's memory.current where the tree has a cgroup to itself)"
+
+
+def pod_memory_mib(pid: int) -> float:
+    """A process tree's memory as a pod's cgroup counts it, the same way for every engine: memory.current of
+    the cgroup the tree is alone in, else the sum of its processes' PSS, where a page shared after fork (our
+    gunicorn master and its workers) counts once across them, not once per process as a sum of RSS does."""
+    pids = process_tree(pid)
+    group = _own_cgroup(pids)
+    if group is not None:
+        return int((group / "memory.current").read_text()) / 2**20
+    return sum(_proc_mib(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
 
 
 FLOOR_LEVEL_MAX = 32  # floors are measured at the levels up to this one
@@ -252,7 +284,7 @@ def time_to_ready(cluster, tmp: Path, count: int, custom, existing: int) -> tupl
         started = time.monotonic()
         with webhook_server(tmp / f"ready-{count}-{label}", "--settings", str(EXAMPLES / "settings" / "route1.json"),
                             "--kubeconfig", cluster.kubeconfig) as (_, _, _, proc):
-            return time.monotonic() - started, worker_rss_mib(proc.pid), pod_pss_mib(proc.pid)
+            return time.monotonic() - started, worker_rss_mib(proc.pid), pod_memory_mib(proc.pid)
 
     at_once, _, _ = serve("at-once")
     time.sleep(SETTLE)
@@ -286,8 +318,10 @@ def run_ready_only(runtime_counts: list[int]) -> list[str]:
         return out + section_ready(cluster, tmp, api(cluster, 32), runtime_counts, existing=0)[0]
 
 
-def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "") -> list[str]:
-    """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4)."""
+def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "",
+        with_kyverno: bool = True) -> list[str]:
+    """kyverno: "" (sections 1 to 3), "also" (then section 4, bench/kyverno_bench.py) or "only" (section 4);
+    with_kyverno: False leaves Kyverno out of section 4 (ours against the in-tree policies)."""
     out = [f"# dispatch-admission against Trainer's webhook, {date.today()}, {platform.machine()}, "
            f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}", ""]
     with contextlib.ExitStack() as stack:
@@ -305,7 +339,7 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
             import kyverno_bench
 
             return out + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], None, 1,
-                                           max(runtime_counts))
+                                           max(runtime_counts), with_kyverno=with_kyverno)
         hooks = start_our_webhooks(stack, cluster, tmp)
         create_many(custom, "warm", 50, 4)  # connections, caches and JIT-less warm-up on both sides
 
@@ -367,7 +401,7 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "")
             import kyverno_bench
 
             out += [""] + kyverno_bench.run(stack, cluster, tmp, custom, n, levels, sys.modules[__name__], hooks,
-                                            existing, max(runtime_counts))
+                                            existing, max(runtime_counts), with_kyverno=with_kyverno)
     return out
 
 
@@ -377,15 +411,18 @@ def main() -> int:
     p.add_argument("--levels", default="1,8,32", help="concurrency levels")
     p.add_argument("--runtimes", default="1,1000,10000", help="runtime counts for the time to ready")
     p.add_argument("--quick", action="store_true", help="n=100, runtimes 1 and 1,000")
-    p.add_argument("--kyverno", action="store_true", help="then section 4: against Kyverno's policies (bench/kyverno)")
+    p.add_argument("--kyverno", action="store_true",
+                   help="then section 4: against Kyverno's policies (bench/kyverno) and the in-tree ones (bench/cel)")
     p.add_argument("--kyverno-only", action="store_true", help="section 4 alone")
+    p.add_argument("--no-kyverno", action="store_true",
+                   help="section 4 without Kyverno (ours against the in-tree policies)")
     p.add_argument("--ready-only", action="store_true", help="section 3 alone (serve to ready, memory)")
     args = p.parse_args()
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
     kyverno = "only" if args.kyverno_only else "also" if args.kyverno else ""
     runtime_counts = [int(x) for x in counts.split(",")]
     lines = run_ready_only(runtime_counts) if args.ready_only else run(
-        n, [int(x) for x in args.levels.split(",")], runtime_counts, kyverno)
+        n, [int(x) for x in args.levels.split(",")], runtime_counts, kyverno, with_kyverno=not args.no_kyverno)
     for line in lines:
         print(line, flush=True)
     return 0

@@ -1,9 +1,11 @@
-"""The same TrainJobs through our webhook and through Kyverno's policies (bench/kyverno), on one API server.
+"""The same TrainJobs through our webhook and through another engine on one API server: Kyverno's policies
+(bench/kyverno) or the in-tree admission policies, a ValidatingAdmissionPolicy and a MutatingAdmissionPolicy
+(bench/cel).
 
-Each engine owns a namespace (ENGINE_LABEL selects it in both engines' webhook configurations); every case
-is sent to both, as a create or as an update of an object the same engine admitted (or, for jobs "created
-before the webhook", one stored while its namespace was out of scope). The answers compared: allowed or
-refused, and for an admitted object the publish entry it ends with (`time` aside) and its position.
+Each engine owns a namespace (ENGINE_LABEL selects it in every engine's webhook configurations or policy
+bindings); every case is sent to both, as a create or as an update of an object the same engine admitted (or,
+for jobs "created before the webhook", one stored while its namespace was out of scope). The answers compared:
+allowed or refused, and for an admitted object the publish entry it ends with (`time` aside) and its position.
 
 The cases come from the rule tests (tests/unit/test_rules.py, test_hardening.py, test_updates.py) and the
 bypass catalogue (tests/bypass.py); each carries what SPEC says of it (allow or deny) and where it is from.
@@ -24,8 +26,9 @@ from tests.e2e.kyverno import ENGINE_LABEL, SKIP_MUTATION_LABEL
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, mutated, pod_patch, runtime, stock_runtimes, trainjob
 from webhook.core.admission import Admission
 
-ENGINES = ("ours", "kyverno")
-NAMESPACES = {"ours": "fid-ours", "kyverno": "fid-kyverno"}
+ENGINES = ("ours", "kyverno", "cel")
+NAMESPACES = {"ours": "fid-ours", "kyverno": "fid-kyverno", "cel": "fid-cel"}
+LABELS = {"kyverno": "Kyverno", "cel": "VAP/MAP"}
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 KUEUE = "kueue.x-k8s.io/manager"
 TORCH_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
@@ -350,13 +353,14 @@ def _send(custom, ns: str, obj: dict, replace: bool = False) -> Outcome:
     return Outcome(True, "", entry, index)
 
 
-def setup(cluster) -> None:
+def setup(cluster, engines: tuple[str, ...] = ("ours", "kyverno")) -> None:
     """The runtimes every case reads, and one namespace per engine."""
     for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
         cluster.kubectl("apply", "-f", str(f))
     for doc in extra_runtimes():
         cluster.apply(doc)
-    for engine, ns in NAMESPACES.items():
+    for engine in engines:
+        ns = NAMESPACES[engine]
         cluster.apply({"apiVersion": "v1", "kind": "Namespace",
                        "metadata": {"name": ns, "labels": {ENGINE_LABEL: engine}}})
         for doc in namespaced_runtimes(ns):
@@ -367,27 +371,27 @@ def setup(cluster) -> None:
 class Result:
     case: Case
     ours: Outcome
-    kyverno: Outcome
+    other: Outcome   # the engine compared with ours: Kyverno, or the in-tree policies
 
     @property
     def agree(self) -> bool:
-        return agree(self.ours, self.kyverno)
+        return agree(self.ours, self.other)
 
     @property
     def ours_as_spec_says(self) -> bool:
         return self.ours.allowed == (self.case.expect == "allow")
 
     @property
-    def kyverno_as_spec_says(self) -> bool:
-        return self.kyverno.allowed == (self.case.expect == "allow")
+    def other_as_spec_says(self) -> bool:
+        return self.other.allowed == (self.case.expect == "allow")
 
 
-def run(cluster) -> list[Result]:
+def run(cluster, other: str = "kyverno") -> list[Result]:
     custom = _api(cluster)
     results = []
     for i, case in enumerate(cases()):
-        got = {engine: run_case(cluster, custom, case, engine, f"c{i:03d}") for engine in ENGINES}
-        results.append(Result(case, got["ours"], got["kyverno"]))
+        got = {engine: run_case(cluster, custom, case, engine, f"c{i:03d}") for engine in ("ours", other)}
+        results.append(Result(case, got["ours"], got[other]))
     return results
 
 
@@ -396,26 +400,45 @@ def _cell(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def report(results: list[Result], every: bool = False) -> list[str]:
+# Where a policy engine and our webhook answer differently on this corpus, and why (docs/alternatives.md).
+LOOK_ALIKES = "look-alike characters: a policy compares code points; ours folds homoglyphs and invisible ones"
+
+
+def look_alike_cases() -> dict[str, str]:
+    """The corpus's look-alike cases (non-ASCII names and paths), by case id: neither JMESPath nor CEL folds them."""
+    return {**{f"bypass S2: path {p!r} in {lst}": LOOK_ALIKES
+               for lst in ("containers", "initContainers") for p in bypass.PATH_TRICKS if not p.isascii()},
+            "bypass S1: reserved volume name, look-alike": LOOK_ALIKES,
+            "bypass S3: DISPATCH_ env, look-alike": LOOK_ALIKES}
+
+
+# How each engine's own refusals read (the rest are the API server's: Trainer's CRD schema and CEL rules,
+# checked after the mutating admission and before the validating one).
+ENGINE_REFUSAL = {"kyverno": "admission webhook", "cel": "ValidatingAdmissionPolicy"}
+
+
+def by_crd(results: list[Result], other: str) -> list[Result]:
+    """The agreements the API server's CRD validation refused for the other engine before it was asked."""
+    return [r for r in results if r.agree and not r.other.allowed and ENGINE_REFUSAL[other] not in r.other.message]
+
+
+def report(results: list[Result], other: str = "kyverno", every: bool = False) -> list[str]:
     """The counts, then one row per disagreement (per case, with `every`)."""
     agreed = sum(r.agree for r in results)
-    # A refusal without "admission webhook" is the API server's own (Trainer's CRD schema and CEL rules,
-    # checked after the mutating webhooks and before the validating ones): not an engine's answer.
-    by_crd = [r for r in results if r.agree and not r.kyverno.allowed and "admission webhook" not in r.kyverno.message]
+    label, crd = LABELS[other], by_crd(results, other)
     out = [f"{len(results)} TrainJobs through both ({sum(r.case.operation == 'CREATE' for r in results)} creates, "
            f"{sum(r.case.operation == 'UPDATE' for r in results)} updates): they agree on {agreed}, "
            f"disagree on {len(results) - agreed}. Ours answers {sum(r.ours_as_spec_says for r in results)} "
-           f"of {len(results)} as SPEC says; Kyverno's policies {sum(r.kyverno_as_spec_says for r in results)}. "
-           f"Of the agreements, {len(by_crd)} were refused for Kyverno by the API server's CRD validation before its "
-           f"validating policies were asked: {'; '.join(r.case.id for r in by_crd)}.",
-           "", "| case | from | SPEC | ours | Kyverno |" + (" agree |" if every else ""),
+           f"of {len(results)} as SPEC says; {label} {sum(r.other_as_spec_says for r in results)}. "
+           f"Of the agreements, {len(crd)} were refused for {label} by the API server's CRD validation before its "
+           f"validating policies were asked: {'; '.join(r.case.id for r in crd)}.",
+           "", f"| case | from | SPEC | ours | {label} |" + (" agree |" if every else ""),
            "|---|---|---|---|---|" + ("---|" if every else "")]
     for r in results:
         if every or not r.agree:
-            ours, kyv = r.ours.summary(), r.kyverno.summary()
-            if (r.ours.allowed and r.kyverno.allowed and r.ours.entry and r.kyverno.entry
-                    and r.ours.entry != r.kyverno.entry):
-                kyv += " (a different entry)"
-            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | {_cell(kyv)} |"
-                       + ((" yes |" if r.agree else " **no** |") if every else ""))
+            ours, theirs = r.ours.summary(), r.other.summary()
+            if r.ours.allowed and r.other.allowed and r.ours.entry and r.other.entry and r.ours.entry != r.other.entry:
+                theirs += " (a different entry)"
+            out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | "
+                       f"{_cell(theirs)} |" + ((" yes |" if r.agree else " **no** |") if every else ""))
     return out

@@ -117,9 +117,6 @@ class Kyverno:
             time.sleep(0.3)
         raise RuntimeError(f"kyverno policies not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
 
-    def rss_mib(self) -> float:
-        return rss_mib(self.proc.pid)
-
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -144,13 +141,6 @@ def _lists(doc: dict, resource: str) -> bool:
                     resource in r.get("resources", []) for r in hook.get("rules") or []):
                 kinds.add(hook["name"])
     return kinds == {MUTATE_HOOK, VALIDATE_HOOK}
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def load_policies(skip_mutation_label: bool = False) -> list[dict]:

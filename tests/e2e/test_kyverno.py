@@ -1,7 +1,7 @@
 """Our rules against the same rules as Kyverno v1.15.2 policies (bench/kyverno), on one API server (issue 27).
 
 Every case of tests/e2e/fidelity.py goes through both engines. Ours must answer every one as SPEC says;
-Kyverno's answers must differ from ours exactly where docs/kyverno.md says they do (a policy that stops
+Kyverno's answers must differ from ours exactly where docs/alternatives.md says they do (a policy that stops
 working, or one that starts to, changes the list and fails this test).
 """
 
@@ -16,14 +16,8 @@ from tests.e2e.conftest import _LOGS, Webhook, start_cluster
 from tests.helpers import EXAMPLES
 from tests.process import webhook_server
 
-# Where Kyverno's policies and our webhook answer differently, and why (docs/kyverno.md, "Fidelity").
-LOOK_ALIKES = "look-alike characters: a policy compares code points; ours folds homoglyphs and invisible ones"
-KNOWN_DISAGREEMENTS = {
-    **{f"bypass S2: path {p!r} in {lst}": LOOK_ALIKES
-       for lst in ("containers", "initContainers") for p in fidelity.bypass.PATH_TRICKS if not p.isascii()},
-    "bypass S1: reserved volume name, look-alike": LOOK_ALIKES,
-    "bypass S3: DISPATCH_ env, look-alike": LOOK_ALIKES,
-}
+# Where Kyverno's policies and our webhook answer differently, and why (docs/alternatives.md, section 2).
+KNOWN_DISAGREEMENTS = fidelity.look_alike_cases()
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +42,13 @@ def both(tmp_path_factory):
 def test_the_same_trainjobs_through_ours_and_kyverno(both, capsys, tmp_path):
     results = fidelity.run(both)
     every = tmp_path / "fidelity.md"
-    every.write_text("\n".join(fidelity.report(results, every=True)) + "\n")
+    every.write_text("\n".join(fidelity.report(results, "kyverno", every=True)) + "\n")
     with capsys.disabled():
-        print("\n" + "\n".join(fidelity.report(results)) + f"\n(every case: {every})")
+        print("\n" + "\n".join(fidelity.report(results, "kyverno")) + f"\n(every case: {every})")
     assert len(results) >= 80
     wrong = [(r.case.id, r.case.expect, r.ours.summary()) for r in results if not r.ours_as_spec_says]
     assert not wrong, f"ours answered against SPEC: {wrong}"
-    disagreements = {r.case.id: (r.ours.summary(), r.kyverno.summary()) for r in results if not r.agree}
+    disagreements = {r.case.id: (r.ours.summary(), r.other.summary()) for r in results if not r.agree}
     assert set(disagreements) == set(KNOWN_DISAGREEMENTS), (
         f"new: {[(k, v) for k, v in disagreements.items() if k not in KNOWN_DISAGREEMENTS]}; "
         f"gone: {sorted(set(KNOWN_DISAGREEMENTS) - set(disagreements))}")
