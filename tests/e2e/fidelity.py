@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 import yaml
 
 from tests import bypass
+from tests.e2e import kyverno
+from tests.e2e.conftest import _LOGS, Webhook
 from tests.e2e.kyverno import ENGINE_LABEL, SKIP_MUTATION_LABEL
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, mutated, pod_patch, runtime, stock_runtimes, trainjob
+from tests.process import webhook_server
 from webhook.core.admission import Admission
 
 ENGINES = ("ours", "kyverno", "cel")
@@ -442,3 +445,13 @@ def report(results: list[Result], other: str = "kyverno", every: bool = False) -
             out.append(f"| {_cell(r.case.id, 90)} | {r.case.source} | {r.case.expect} | {_cell(ours)} | "
                        f"{_cell(theirs)} |" + ((" yes |" if r.agree else " **no** |") if every else ""))
     return out
+
+
+def serve_ours(stack, cluster, tmp, beside: str) -> None:
+    """Our route-1 webhook, registered on `cluster` for its engine's namespace: the side every comparison shares."""
+    url, ca, log, proc = stack.enter_context(webhook_server(
+        tmp / "ours", "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", cluster.kubeconfig,
+        env={"PROMETHEUS_MULTIPROC_DIR": ""}))
+    _LOGS[f"webhook (beside {beside})"] = log
+    for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
+        cluster.apply(doc)

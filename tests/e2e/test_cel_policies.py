@@ -14,10 +14,8 @@ import contextlib
 
 import pytest
 
-from tests.e2e import cel, fidelity, kyverno, toolchain
-from tests.e2e.conftest import _LOGS, Webhook, start_cluster
-from tests.helpers import EXAMPLES
-from tests.process import webhook_server
+from tests.e2e import cel, fidelity, toolchain
+from tests.e2e.conftest import start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +24,7 @@ def beside_policies(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         cluster = start_cluster(stack, tmp, toolchain.trainer_crds(), suffix=" (cel)")
         fidelity.setup(cluster, engines=("ours", "cel"))
-        url, ca, log, proc = stack.enter_context(webhook_server(
-            tmp / "ours", "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", cluster.kubeconfig,
-            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS["webhook (beside the in-tree policies)"] = log
-        for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
-            cluster.apply(doc)
+        fidelity.serve_ours(stack, cluster, tmp, "the in-tree policies")
         cel.install(cluster, fidelity.NAMESPACES["cel"])
         yield cluster
 

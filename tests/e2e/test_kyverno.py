@@ -12,9 +12,7 @@ import contextlib
 import pytest
 
 from tests.e2e import fidelity, kyverno, toolchain
-from tests.e2e.conftest import _LOGS, Webhook, start_cluster
-from tests.helpers import EXAMPLES
-from tests.process import webhook_server
+from tests.e2e.conftest import _LOGS, start_cluster
 
 # Where Kyverno's policies and our webhook answer differently, and why (docs/alternatives.md, section 2).
 KNOWN_DISAGREEMENTS = fidelity.look_alike_cases()
@@ -27,12 +25,7 @@ def both(tmp_path_factory):
         cluster = start_cluster(stack, tmp, toolchain.trainer_crds(), suffix=" (kyverno)")
         kyverno.install(cluster)
         fidelity.setup(cluster)
-        url, ca, log, proc = stack.enter_context(webhook_server(
-            tmp / "ours", "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", cluster.kubeconfig,
-            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS["webhook (beside kyverno)"] = log
-        for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
-            cluster.apply(doc)
+        fidelity.serve_ours(stack, cluster, tmp, "kyverno")
         kyv = stack.enter_context(kyverno.running(cluster, tmp,
                                                   policies=kyverno.load_policies(skip_mutation_label=True)))
         _LOGS["kyverno"] = kyv.log
