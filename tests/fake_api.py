@@ -1,4 +1,4 @@
-"""A fake API server for `serve --metrics-auth` (webhook.metrics_auth): TokenReview and SubjectAccessReview
+"""A fake API server for `serve --metrics-auth` (webhook.kube.metrics_auth): TokenReview and SubjectAccessReview
 only, in plain HTTP on loopback, for the real kubernetes client."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import requests
 
 from tests.helpers import EXAMPLES, metric_total, review, trainjob
 from tests.process import free_port, webhook_server
-from webhook.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
+from webhook.kube.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
 
 READER = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
           "metadata": {"name": "e2e-metrics-reader"},

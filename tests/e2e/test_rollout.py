@@ -20,7 +20,7 @@ from tests.e2e.conftest import _LOGS, Webhook, start_cluster, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_samples, mount_patch, runtime, trainjob
 from tests.process import webhook_server
 from webhook import api
-from webhook.files import load_settings
+from webhook.commands.files import load_settings
 
 NS = "team-a"
 ROUTE1 = EXAMPLES / "settings" / "route1.json"

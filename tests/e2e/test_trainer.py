@@ -27,7 +27,7 @@ from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_cluster, start
 from tests.helpers import EXAMPLES, MANAGER, trainjob
 from tests.process import free_port, stop, webhook_server
 from webhook import certs
-from webhook.files import load_settings as load
+from webhook.commands.files import load_settings as load
 
 NS = "team-a"
 ROUTE1 = load(str(EXAMPLES / "settings" / "route1.json"))

@@ -1,4 +1,4 @@
-"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/room.py).
+"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/serving/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
 loopback: a large review being read holds its head and the body bytes received, and a second large one that
@@ -21,7 +21,7 @@ import requests
 
 from tests.helpers import EXAMPLES, review, trainjob
 from tests.process import eventually, free_port, webhook_server
-from webhook.room import PATIENCE
+from webhook.serving.room import PATIENCE
 
 SETTINGS = str(EXAMPLES / "settings" / "route1.json")
 RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]

@@ -1,7 +1,7 @@
 """The watch cache's list/watch/relist logic, driven by recorded event streams (no API server)."""
 
-from webhook.cluster import Backoff, Gone, Reflector
 from webhook.core.runtimes import RuntimeIndex
+from webhook.kube.cluster import Backoff, Gone, Reflector
 
 KIND = "ClusterTrainingRuntime"
 

@@ -388,7 +388,7 @@ def test_gunicorn_configuration_file_and_environment(tmp_path):
         started = _started_line(log)
         assert (started["threads"], started["keepalive"], started["workers"]) == (3, 90, 1)
         assert wait_for(lambda: _workers(proc.pid) == 1)
-        assert "Using worker: webhook.worker.Worker" in log.read_text()
+        assert "Using worker: webhook.serving.worker.Worker" in log.read_text()
         assert "worker_class='sync' ignored" in log.read_text()
         r = requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca,
                           timeout=10)

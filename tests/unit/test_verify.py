@@ -12,8 +12,8 @@ import signal
 import pytest
 
 from tests.helpers import IMAGE, MANAGER, ROUTE1, ROUTE2
-from webhook import cli
-from webhook import verify as adapter
+from webhook.commands import cli
+from webhook.commands import verify as adapter
 from webhook.core import verify as v
 from webhook.core import verify_report as r
 from webhook.core.patch import Entry
