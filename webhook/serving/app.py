@@ -186,17 +186,32 @@ def _probes(app: Flask, readiness: Callable[[], dict[str, bool]]) -> None:
         return json_response({"ready": all(checks.values()), "checks": checks}, 200 if all(checks.values()) else 503)
 
 
-def _metrics_route(app: Flask, gate: MetricsGate | None = None) -> None:
+def _metrics_route(app: Flask) -> None:
     @app.get("/metrics")
     def metrics_endpoint():
-        why = gate.check(request.headers.get("Authorization")) if gate is not None else None
-        if why is not None:
-            code, text = why
-            headers = ({"WWW-Authenticate": 'Bearer realm="metrics"'} if code == 401 else
-                       {"Retry-After": "1"} if code == 429 else {})
-            return Response(refused(code, text), status=code, mimetype="application/json", headers=headers)
         body, content_type = metrics.exposition()
         return Response(body, status=200, content_type=content_type)
+
+
+class MetricsFilter:
+    """In front of the metrics listener's app, as kubebuilder's metrics filter: a request for /metrics whose
+    token the gate refuses is answered here, before Flask (a flood of random tokens costs a tenth of what it
+    would through Flask's request machinery, CPU the reviews of the same worker need)."""
+
+    def __init__(self, app: Callable, gate: MetricsGate):
+        self.app, self.gate = app, gate
+
+    def __call__(self, environ: dict, start_response: Callable):
+        why = self.gate.check(environ.get("HTTP_AUTHORIZATION")) if environ.get("PATH_INFO") == "/metrics" else None
+        if why is None:
+            return self.app(environ, start_response)
+        code, text = why
+        body = refused(code, text)
+        extra = ([("WWW-Authenticate", 'Bearer realm="metrics"')] if code == 401 else
+                 [("Retry-After", "1")] if code == 429 else [])
+        start_response(STATUS.get(code, f"{code} Error"), [("Content-Type", "application/json"),
+                                                           ("Content-Length", str(len(body))), *extra])
+        return [body]
 
 
 def _follow(admission: Admission, live: FollowedSettings, on_switch: Callable[[Settings], None] | None) -> None:
@@ -244,6 +259,8 @@ def metrics_app(main: Flask, gate: MetricsGate | None = None) -> Flask:
     app = Flask("dispatch_admission_metrics")
     for path in ("/healthz", "/readyz"):
         app.add_url_rule(path, endpoint=path.strip("/"), view_func=main.view_functions[path.strip("/")])
-    _metrics_route(app, gate)
+    _metrics_route(app)
     _errors(app, not_found=OPS_ONLY)
+    if gate is not None:
+        app.wsgi_app = MetricsFilter(app.wsgi_app, gate)  # type: ignore[method-assign]
     return app
