@@ -4,10 +4,12 @@ No Docker, kind or prebuilt Kubernetes binaries can be had here, only the Go mod
 kube-apiserver, kubectl, etcd and helm are built from source once and cached per pinned version
 in a user-level directory (a fresh clone reuses them). Trainer's CRDs come from its Go module.
 
-Run `python -m tests.e2e.toolchain` to build everything ahead of the tests. It fetches every recipe's modules
-at once (DISPATCH_E2E_FETCH_JOBS at a time, 4 by default: the downloads wait on the network) and compiles
-DISPATCH_E2E_BUILD_JOBS recipes at once (2: each `go build` already uses every core). A file lock per cache
-entry makes two processes (pytest-xdist's workers, two checkouts) build an entry once, the other waiting.
+Run `python -m tests.e2e.toolchain` to build everything ahead of the tests (`--fetch-only`: download the
+modules, compile nothing). It fetches the recipes' modules side by side (DISPATCH_E2E_FETCH_JOBS at a time, 4
+by default: the downloads wait on the network) and compiles DISPATCH_E2E_BUILD_JOBS recipes at once (2: each
+`go build` already uses every core); versions and go.sum's checks are the recipes' own, as one at a time. A
+file lock per cache entry makes two processes (pytest-xdist's workers, two checkouts) build an entry once,
+the other waiting.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ _COMPILING = threading.BoundedSemaphore(_jobs("DISPATCH_E2E_BUILD_JOBS", 2))
 # Module downloads at once (`go mod tidy`, `go mod download`): they wait on the network. Go's module cache
 # takes its own locks, so two commands fetching one module share it safely.
 _FETCHING = threading.BoundedSemaphore(_jobs("DISPATCH_E2E_FETCH_JOBS", 4))
+# `--fetch-only`: every recipe's modules downloaded (into the module cache), nothing compiled or marked complete.
+_FETCH_ONLY = threading.Event()
 
 
 def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None,
@@ -118,6 +122,8 @@ def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_
             for spec in get or []:  # `go get` of the command package itself, where tidy alone leaves go.sum short
                 _go(["get", spec], work)
             _go(["mod", "tidy"], work)  # the downloads, checked against the checksum database into go.sum
+        if _FETCH_ONLY.is_set():
+            return bindir
         bindir.mkdir(parents=True, exist_ok=True)
         args = ["build", "-trimpath", "-o", str(bindir) + "/"]
         if ldflags:
@@ -439,6 +445,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
+    if "--fetch-only" in argv:
+        _FETCH_ONLY.set()
+        argv = [a for a in argv if a != "--fetch-only"]
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
                       "kueue", "syft", "openreports"]  # kyverno and cosign: `make toolchain-extra`
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
