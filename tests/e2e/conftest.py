@@ -38,6 +38,7 @@ NODE_SUITES = ("test_node.py", "test_verify.py", "test_kueue.py", "test_install.
 INDEPENDENT = ("test_helm.py", "test_chart_trust.py", "test_chart_docs.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (its hook is registered later, so runs first)
 def pytest_collection_modifyitems(items):
     for item in items:
         path = Path(str(item.fspath))
