@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`, `make unit` and `make e2e` (`make test JOBS=1`: one process, no xdist).
+# More workers than cores pays: the end-to-end tests mostly wait on API servers and pods. Groups keep what must
+# stay together on one worker (tests/conftest.py, tests/e2e/conftest.py: the one-node suites, each file's module
+# fixtures).
+JOBS ?= 4
+XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
 .PHONY: install run test test-extra test-compat unit e2e toolchain toolchain-extra wrk bench bench-cluster bench-kyverno \
 	sweep clean lock docs lint \
@@ -47,7 +53,7 @@ lint: install
 # tests; ~1-2 min), then every test.
 test: install lint toolchain wrk docs-check
 	$(PY) -m tests.sweep
-	$(PY) -m pytest $(addprefix --ignore=,$(EXTRA_TESTS)) --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(addprefix --ignore=,$(EXTRA_TESTS)) --durations=25 $(PYTEST_ARGS)
 
 test-extra: install toolchain toolchain-extra wrk
 	$(PY) -m pytest $(EXTRA_TESTS) $(PYTEST_ARGS)
@@ -85,10 +91,10 @@ test-compat: install
 	exit $$status
 
 unit: install lint wrk
-	$(PY) -m pytest tests/unit tests/server $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/unit tests/server $(PYTEST_ARGS)
 
 e2e: install toolchain
-	$(PY) -m pytest tests/e2e $(addprefix --ignore=,$(EXTRA_TESTS)) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/e2e $(addprefix --ignore=,$(EXTRA_TESTS)) $(PYTEST_ARGS)
 
 # Re-pins the image's Python dependencies (requirements/image.lock, with hashes) from pyproject.toml and
 # requirements/build.in; the Dockerfile installs exactly these. Needs the package index. Resolved with this

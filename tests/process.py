@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -18,11 +19,47 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _HANDED_OUT: set[int] = set()
 
+# Under pytest-xdist each worker takes its ports from a range of its own, below the kernel's ephemeral range
+# (32768-60999: where bind-to-port-0 and outgoing connections take theirs) and below Kubernetes' NodePort range
+# (30000-32767): two workers asking the kernel for a free port at once could both be told the same one, and
+# both then bind it. A serial session asks the kernel, as before.
+_WORKER_PORTS = range(20000, 30000)
+
+
+def _worker_ports() -> range | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1"... (set in each worker process)
+    if not worker.startswith("gw"):
+        return None
+    index, count = int(worker[2:]), max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    span = len(_WORKER_PORTS) // count
+    start = _WORKER_PORTS.start + (index % count) * span
+    return range(start, start + span)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
-    """A free loopback port, never one this test session was given before: the kernel may hand the port it
-    just released to the next bind, so two calls in a row could name one port for two listeners (a --bind
-    and a --metrics-bind on the same port failed test_serve once in a fresh clone)."""
+    """A free loopback port, never one this test session (this worker, under xdist) was given before: the kernel
+    may hand the port it just released to the next bind, so two calls in a row could name one port for two
+    listeners (a --bind and a --metrics-bind on the same port failed test_serve once in a fresh clone)."""
+    ports = _worker_ports()
+    if ports is not None:
+        # From a random point of the worker's range: another session's worker of the same index (another
+        # checkout's CI) is then unlikely to walk the same ports at the same time.
+        offset = random.randrange(len(ports))
+        for i in range(len(ports)):
+            port = ports[(offset + i) % len(ports)]
+            if port not in _HANDED_OUT and _bindable(port):
+                _HANDED_OUT.add(port)
+                return port
+        raise RuntimeError(f"no port left in {ports} that this worker has not used")
     for _ in range(1000):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -2,15 +2,18 @@
 
 `python -m tests.sweep [ID ...]` (`make sweep`; `make test` runs it first) switches each rule of the
 registry (webhook/core/registry.py) off in turn, in-process, and runs the unit tests marked for it
-(tests/conftest.py). A rule is killed only when one of its tests fails on an assertion. A test that errors,
-is skipped, or a rule with no test, or marked tests that fail with every rule on, fail the sweep itself: so
-do a missing tool or a broken environment, which are never counted as a kill. It prints one line per rule
-and "N of N rules killed", and exits 0 only when every rule was killed.
+(tests/conftest.py), SWEEP_JOBS rules at once (one per core by default). A rule is killed only when one of its
+tests fails on an assertion. A test that errors, is skipped, or a rule with no test, or marked tests that fail
+with every rule on, fail the sweep itself: so do a missing tool or a broken environment, which are never
+counted as a kill. It prints one line per rule and "N of N rules killed", and exits 0 only when every rule
+was killed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,6 +24,7 @@ from webhook.core import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = "tests/unit"
+JOBS = int(os.environ.get("SWEEP_JOBS") or os.cpu_count() or 1)  # pytest processes at once
 
 
 def run(marker: str, off: list[str], report: Path) -> tuple[int, list[dict], str]:
@@ -59,10 +63,11 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"baseline: {len(outcomes)} marked tests pass with every rule on")
         killed = 0
-        for rule_id in ids:
-            ok, what = judge(rule_id, tmp)
-            killed += ok
-            print(f"{rule_id:7} {'killed' if ok else 'SURVIVED'}: {what}", flush=True)
+        # The rules side by side (each its own pytest process and report file), printed in the registry's order.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
+            for rule_id, (ok, what) in zip(ids, pool.map(lambda r: judge(r, tmp), ids), strict=True):
+                killed += ok
+                print(f"{rule_id:7} {'killed' if ok else 'SURVIVED'}: {what}", flush=True)
     print(f"{killed} of {len(ids)} rules killed ({time.monotonic() - started:.0f} s)")
     return 0 if killed == len(ids) else 1
 

@@ -29,10 +29,26 @@ def pytest_report_header(config):
             f"Kueue {toolchain.KUEUE}, containerd {toolchain.CONTAINERD}, runc {toolchain.RUNC}")
 
 
+# pytest-xdist (`make test` runs `-n JOBS --dist loadgroup`): the suites that start the one-node cluster (one node
+# can exist on a host at a time) are one group, run by one worker one after another; every other file is a group
+# of its own, so its module fixtures start once and its tests keep their order; the `env` control plane (a
+# session fixture) starts once in each worker that needs it.
+NODE_SUITES = ("test_node.py", "test_verify.py", "test_kueue.py", "test_install.py")
+# Files whose tests share no module fixture and depend on no order: spread over the workers test by test.
+INDEPENDENT = ("test_helm.py", "test_chart_trust.py", "test_chart_docs.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (its hook is registered later, so runs first)
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "tests/e2e/" in str(item.fspath):
-            item.add_marker(pytest.mark.e2e)
+        path = Path(str(item.fspath))
+        if path.parent.name != "e2e" or path.parent.parent.name != "tests":
+            continue
+        item.add_marker(pytest.mark.e2e)
+        if path.name in NODE_SUITES:
+            item.add_marker(pytest.mark.xdist_group("node"))
+        elif path.name not in INDEPENDENT:
+            item.add_marker(pytest.mark.xdist_group(f"e2e/{path.name}"))
 
 
 @pytest.fixture(autouse=True)

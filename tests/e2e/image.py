@@ -162,19 +162,22 @@ def _mmdebstrap_rootfs(name: str, variant: str, packages: tuple[str, ...], hooks
     tar = out / "rootfs.tar"
     if (out / ".complete").exists():
         return tar
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    started = time.monotonic()
-    cmd = [_mmdebstrap(), f"--variant={variant}", f"--architectures={arch}", "--include=" + ",".join(packages)]
-    cmd += [f"--dpkgopt={o}" for o in BASE_DPKG_OPTS]
-    cmd += [f"--aptopt={p}" for p in host_apt_options()]
-    cmd += [h.format(out=out) for h in hooks]
-    cmd += [BASE_SUITE, str(out / "mmdebstrap.tar")] + [str(p) for p in suite_sources(out / "sources")]
-    _run(cmd, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
-    build(out, tar)
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
-    elapsed = time.monotonic() - started
-    (out / ".complete").write_text(f"built in {elapsed:.0f}s\n")
+    with toolchain.cache_lock(out.name):  # one maker at a time: another xdist worker waits, then finds it
+        if (out / ".complete").exists():
+            return tar
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        started = time.monotonic()
+        cmd = [_mmdebstrap(), f"--variant={variant}", f"--architectures={arch}", "--include=" + ",".join(packages)]
+        cmd += [f"--dpkgopt={o}" for o in BASE_DPKG_OPTS]
+        cmd += [f"--aptopt={p}" for p in host_apt_options()]
+        cmd += [h.format(out=out) for h in hooks]
+        cmd += [BASE_SUITE, str(out / "mmdebstrap.tar")] + [str(p) for p in suite_sources(out / "sources")]
+        _run(cmd, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
+        build(out, tar)
+        (out / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
+        elapsed = time.monotonic() - started
+        (out / ".complete").write_text(f"built in {elapsed:.0f}s\n")
     TIMINGS[f"{name} rootfs (mmdebstrap)"] = elapsed
     return tar
 
@@ -560,11 +563,12 @@ def lock_wheels() -> Path:
     lock = ROOT / "requirements" / "image.lock"
     key = hashlib.sha256(lock.read_bytes() + PYTHON.encode()).hexdigest()[:12]
     out = toolchain.cache_root() / f"wheels-{key}"
-    if not (out / ".complete").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        _run(_pip_for_image(["download", "--quiet", "--no-deps", "--require-hashes", "-r", str(lock),
-                             "-d", str(out)]))
-        (out / ".complete").write_text("")
+    with toolchain.cache_lock(out.name):
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            _run(_pip_for_image(["download", "--quiet", "--no-deps", "--require-hashes", "-r", str(lock),
+                                 "-d", str(out)]))
+            (out / ".complete").write_text("")
     return out
 
 
@@ -613,11 +617,12 @@ def cyclonedx_bom_dir() -> Path:
     """cyclonedx-bom and its dependencies, as wheels for the image's Python, installed into a directory of
     their own (cached): put on sys.path of the image's interpreter, never into the image's venv."""
     out = toolchain.cache_root() / f"cyclonedx-bom-{CYCLONEDX_BOM}-py{python_version()}"
-    if not (out / ".complete").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        _run(_pip_for_image(["install", "--quiet", "--no-compile", "--target", str(out / "lib"),
-                             f"cyclonedx-bom=={CYCLONEDX_BOM}"]))
-        (out / ".complete").write_text("")
+    with toolchain.cache_lock(out.name):
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            _run(_pip_for_image(["install", "--quiet", "--no-compile", "--target", str(out / "lib"),
+                                 f"cyclonedx-bom=={CYCLONEDX_BOM}"]))
+            (out / ".complete").write_text("")
     return out / "lib"
 
 

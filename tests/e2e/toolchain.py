@@ -4,11 +4,19 @@ No Docker, kind or prebuilt Kubernetes binaries can be had here, only the Go mod
 kube-apiserver, kubectl, etcd and helm are built from source once and cached per pinned version
 in a user-level directory (a fresh clone reuses them). Trainer's CRDs come from its Go module.
 
-Run `python -m tests.e2e.toolchain` to build everything ahead of the tests.
+Run `python -m tests.e2e.toolchain` to build everything ahead of the tests (`--fetch-only`: download the
+modules, compile nothing). It fetches the recipes' modules side by side (DISPATCH_E2E_FETCH_JOBS at a time, 4
+by default: the downloads wait on the network) and compiles DISPATCH_E2E_BUILD_JOBS recipes at once (2: each
+`go build` already uses every core); versions and go.sum's checks are the recipes' own, as one at a time. A
+file lock per cache entry makes two processes (pytest-xdist's workers, two checkouts) build an entry once,
+the other waiting.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -16,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,16 +60,46 @@ def module_dir(path: str, version: str) -> Path:
     scratch.mkdir(parents=True, exist_ok=True)
     if not (scratch / "go.mod").exists():
         (scratch / "go.mod").write_text("module scratch\n\ngo 1.26\n")
-    info = json.loads(_go(["mod", "download", "-json", f"{path}@{version}"], scratch))
+    with _FETCHING:
+        info = json.loads(_go(["mod", "download", "-json", f"{path}@{version}"], scratch))
     return Path(info["Dir"])
 
 
+@contextlib.contextmanager
+def cache_lock(entry: str):
+    """Held while one cache entry is made: another process (an xdist worker, another checkout) or thread
+    asking for the same entry waits, then finds it complete."""
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{entry}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _jobs(variable: str, default: int) -> int:
+    return max(int(os.environ.get(variable) or default), 1)
+
+
+# Compiles at once, in this process (main's threads): a `go build` is CPU-bound and uses every core itself.
+_COMPILING = threading.BoundedSemaphore(_jobs("DISPATCH_E2E_BUILD_JOBS", 2))
+# Module downloads at once (`go mod tidy`, `go mod download`): they wait on the network. Go's module cache
+# takes its own locks, so two commands fetching one module share it safely.
+_FETCHING = threading.BoundedSemaphore(_jobs("DISPATCH_E2E_FETCH_JOBS", 4))
+# `--fetch-only`: every recipe's modules downloaded (into the module cache), nothing compiled or marked complete.
+_FETCH_ONLY = threading.Event()
+
+
 def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_files: dict | None = None,
-           tags: str = "", env: dict | None = None, get: list[str] | None = None) -> Path:
+           tags: str = "", env: dict | None = None, get: list[str] | None = None,
+           renames: dict[str, str] | None = None) -> Path:
     """Build `packages` in a throw-away module described by `gomod`; return the bin directory.
 
     The cache directory is keyed by the pinned version and a hash of the whole recipe, so changing
-    any of it rebuilds (quickly: Go's build cache keeps the compiled packages).
+    any of it rebuilds (quickly: Go's build cache keeps the compiled packages). `renames` (built name: wanted
+    name) are applied before the entry is marked complete, so no reader sees it half renamed.
     """
     recipe = [gomod, packages, ldflags, extra_files] + ([tags, env] if tags or env else []) + ([get] if get else [])
     recipe = json.dumps(recipe, sort_keys=True).encode()
@@ -69,24 +108,34 @@ def _build(name: str, gomod: str, packages: list[str], ldflags: str = "", extra_
     stamp = bindir / ".complete"
     if stamp.exists():
         return bindir
-    work = cache_root() / name / "src"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / "go.mod").write_text(gomod)
-    for fname, text in (extra_files or {}).items():
-        (work / fname).write_text(text)
-    started = time.monotonic()
-    for spec in get or []:  # `go get` of the command package itself, where tidy alone leaves go.sum short
-        _go(["get", spec], work)
-    _go(["mod", "tidy"], work)
-    bindir.mkdir(parents=True, exist_ok=True)
-    args = ["build", "-trimpath", "-o", str(bindir) + "/"]
-    if ldflags:
-        args += ["-ldflags", ldflags]
-    if tags:
-        args += ["-tags", tags]
-    _go(args + packages, work, env)
-    stamp.write_text(f"built in {time.monotonic() - started:.0f}s\n")
+    with cache_lock(name):
+        if stamp.exists():  # built by whoever held the lock before us
+            return bindir
+        work = cache_root() / name / "src"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        (work / "go.mod").write_text(gomod)
+        for fname, text in (extra_files or {}).items():
+            (work / fname).write_text(text)
+        started = time.monotonic()
+        with _FETCHING:
+            for spec in get or []:  # `go get` of the command package itself, where tidy alone leaves go.sum short
+                _go(["get", spec], work)
+            _go(["mod", "tidy"], work)  # the downloads, checked against the checksum database into go.sum
+        if _FETCH_ONLY.is_set():
+            return bindir
+        bindir.mkdir(parents=True, exist_ok=True)
+        args = ["build", "-trimpath", "-o", str(bindir) + "/"]
+        if ldflags:
+            args += ["-ldflags", ldflags]
+        if tags:
+            args += ["-tags", tags]
+        with _COMPILING:
+            _go(args + packages, work, env)
+        for built, wanted in (renames or {}).items():
+            if (bindir / built).exists():
+                (bindir / built).rename(bindir / wanted)
+        stamp.write_text(f"built in {time.monotonic() - started:.0f}s\n")
     return bindir
 
 
@@ -135,11 +184,8 @@ def etcd_bin() -> Path:
     main = ('package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\n'
             'func main() { etcdmain.Main(os.Args) }\n')
     gomod = f"module dispatch-admission/e2e-etcd\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 {ETCD}\n"
-    bindir = _build(f"etcd-{ETCD}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main})
-    built = bindir / "e2e-etcd"
-    if built.exists():
-        built.rename(bindir / "etcd")
-    return bindir
+    return _build(f"etcd-{ETCD}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main},
+                  renames={"e2e-etcd": "etcd"})
 
 
 def helm_bin() -> Path:
@@ -318,10 +364,8 @@ def jobset_bin() -> Path:
     """JobSet's controller manager (its controllers and webhooks), run out of cluster like Trainer's."""
     gomod = (f"module dispatch-admission/e2e-jobset\n\ngo 1.26\n\nrequire sigs.k8s.io/jobset {JOBSET}\n\n"
              "tool sigs.k8s.io/jobset\n")
-    bindir = _build(f"jobset-{JOBSET}", gomod, ["sigs.k8s.io/jobset"], ldflags="-s -w")
-    if (bindir / "jobset").exists() and not (bindir / "jobset-controller-manager").exists():
-        (bindir / "jobset").rename(bindir / "jobset-controller-manager")
-    return bindir
+    return _build(f"jobset-{JOBSET}", gomod, ["sigs.k8s.io/jobset"], ldflags="-s -w",
+                  renames={"jobset": "jobset-controller-manager"})
 
 
 def stub_bin(name: str) -> Path:
@@ -330,10 +374,8 @@ def stub_bin(name: str) -> Path:
     sandbox: sleeps until SIGTERM)."""
     main = (Path(__file__).resolve().parent.parent / "stubs" / name / "main.go").read_text()
     gomod = f"module dispatch-admission/e2e-stub-{name}\n\ngo 1.26\n"
-    bindir = _build(f"stub-{name}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main})
-    built = bindir / f"e2e-stub-{name}"
-    if built.exists():
-        built.rename(bindir / name)
+    bindir = _build(f"stub-{name}", gomod, ["."], ldflags="-s -w", extra_files={"main.go": main},
+                    renames={f"e2e-stub-{name}": name})
     return bindir / name
 
 
@@ -403,6 +445,9 @@ def kubernetes_bins() -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
+    if "--fetch-only" in argv:
+        _FETCH_ONLY.set()
+        argv = [a for a in argv if a != "--fetch-only"]
     wanted = argv or ["etcd", "kube", "helm", "trainer", "crds", "jobset", "buildkit", "node", "promtool", "helm-docs",
                       "kueue", "syft", "openreports"]  # kyverno and cosign: `make toolchain-extra`
     builders = {"etcd": etcd_bin, "kube": kube_bin, "helm": helm_bin, "trainer": trainer_bin, "crds": trainer_crds,
@@ -410,11 +455,35 @@ def main(argv: list[str]) -> int:
                 "jobset": jobset_crds, "buildkit": buildkit_bin, "promtool": promtool_bin,
                 "node": node_bins, "kyverno": kyverno_bin, "kueue": kueue_bin, "syft": syft_bin,
                 "openreports": openreports_crds, "cosign": cosign_bin}
-    for name in wanted:
-        started = time.monotonic()
-        result = builders[name]()
-        print(f"{name}: {result} ({time.monotonic() - started:.0f}s)", flush=True)
-    return 0
+    # The node's binaries as tasks of their own, so they fetch and compile beside the rest ("node" then finds
+    # them built, or waits on their locks). The longest build (Kubernetes) first.
+    node_parts = {"node containerd": containerd_bin, "node runc": runc_bin, "node crane": crane_bin,
+                  "node crictl": crictl_bin, "node jobset": jobset_bin, "node cni": cni_bin,
+                  "node publish": lambda: stub_bin("publish"), "node pause": lambda: stub_bin("pause")}
+    first = {"kube": kube_bin} if "kube" in wanted or "node" in wanted else {}
+    tasks = {**first, **(node_parts if "node" in wanted else {}), **{name: builders[name] for name in wanted}}
+    started = time.monotonic()
+
+    def timed(build):
+        began = time.monotonic()
+        return build(), time.monotonic() - began
+
+    failed = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(tasks)) as pool:
+        running = {pool.submit(timed, build): name for name, build in tasks.items()}
+        for done in concurrent.futures.as_completed(running):
+            name = running[done]
+            try:
+                result, seconds = done.result()
+            except Exception as e:  # the others go on: one run reports every failure
+                failed.append(name)
+                print(f"{name}: FAILED\n{e}", flush=True)
+                continue
+            if name in wanted:
+                print(f"{name}: {result} ({seconds:.0f}s)", flush=True)
+    print(f"toolchain: {'failed: ' + ', '.join(failed) if failed else 'ready'} ({time.monotonic() - started:.0f}s)",
+          flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
