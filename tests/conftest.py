@@ -7,6 +7,7 @@ The rules' tests are marked for the sweep (tests/sweep.py): a test named `test_<
 `--sweep-report FILE` writes how each test ended, for the sweep to read.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import re
 import pytest
 from hypothesis import settings
 
+from tests.process import Serve
 from webhook.core import registry
 
 # No per-example deadline: under a loaded machine (the whole suite, CI) a slow example is not a failure.
@@ -75,3 +77,19 @@ def pytest_runtest_makereport(item, call):
         assertion = call.excinfo is not None and call.excinfo.errisinstance(AssertionError)
         item.config._sweep_outcomes.append({"test": item.nodeid, "when": report.when, "outcome": report.outcome,
                                             "assertion": bool(assertion)})
+
+
+@pytest.fixture
+def serve(tmp_path_factory):
+    """The one server fixture: `serve(*args, settings=, kubeconfig=, metrics=, env=, ...)` starts
+    `dispatch-admission serve` (tests/process.py: `Serve`) and returns its `Webhook`; every server it started
+    is stopped when the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield Serve(stack, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def serve_module(tmp_path_factory):
+    """`serve` for the servers a module's tests share: stopped when the module's last test ends."""
+    with contextlib.ExitStack() as stack:
+        yield Serve(stack, tmp_path_factory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -139,6 +140,28 @@ def metric_samples(text: str, name: str, /, **labels: str) -> list[float]:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+def metric_series(text: str, name: str, /, **labels: str) -> list[tuple[dict, float]]:
+    """(labels, value) of each sample named `name` whose labels include `labels` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(dict(s.labels), s.value) for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
 def metric_total(text: str, name: str, /, **labels: str) -> float:
     """The sum of `metric_samples` (0 when there is none)."""
     return sum(metric_samples(text, name, **labels))
+
+
+def eventually(check, what: str, timeout: float = 20, every: float = 0.1):
+    """`check()`'s first truthy value, polled every `every` seconds until `timeout`, then an AssertionError
+    naming `what`: the one waiter of the tests, for what a process does a moment after it answers (a
+    metric counted after the answer is written, a log line through a queue, a watch delivering a change)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} (waited {timeout:.0f}s)")
+        time.sleep(every)
