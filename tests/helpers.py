@@ -13,7 +13,7 @@ import yaml
 
 from webhook.core import patch as patch_mod
 from webhook.core.admission import Admission
-from webhook.core.runtimes import RuntimeIndex
+from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
 from webhook.core.settings import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +55,47 @@ def stock_runtimes() -> RuntimeIndex:
     return RuntimeIndex(found)
 
 
+class Runtimes:
+    """A runtime source whose runtimes can be edited or deleted between reviews, and that counts reads."""
+
+    def __init__(self, *runtimes: dict, unavailable: bool = False):
+        self.index = RuntimeIndex(list(runtimes))
+        self.unavailable = unavailable
+        self.reads = 0
+
+    def get(self, kind, namespace, name):
+        self.reads += 1
+        if self.unavailable:
+            raise RuntimeUnavailable("the API server cannot be reached")
+        return self.index.get(kind, namespace, name)
+
+    def ready(self) -> bool:
+        return True
+
+
+class Faulty:
+    """A runtime source that breaks (a fault of the webhook) or cannot answer now."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def get(self, kind, namespace, name):
+        raise self.exc
+
+    def ready(self):
+        return True
+
+
+class Clock:
+    """A monotonic clock the test moves (`clock.now += 600`)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def trainjob(name="job", namespace="team-a", runtime_name="torch-distributed", kind=None, patches=None,
              env=None, suspend=None, **trainer) -> dict:
     ref = {"name": runtime_name}
@@ -76,6 +117,17 @@ def trainjob(name="job", namespace="team-a", runtime_name="torch-distributed", k
 def pod_patch(manager: str, pod_spec: dict, job: str = "node") -> dict:
     return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}]}}}}
+
+
+def forged(**change):
+    """An entry of our manager that is not what the settings produce: another image, pulled Always (S4)."""
+    entry = pod_patch(MANAGER, {
+        "volumes": [{"name": "dispatch-publish",
+                     "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
+    })
+    entry.update(change)
+    return entry
 
 
 def mount_patch(path: str, manager="example.com/other", container_list="containers", **extra) -> dict:

@@ -141,7 +141,8 @@ def test_invalid_settings_stop_the_server(tmp_path):
 
 def test_missing_certificate_stops_the_server(tmp_path):
     got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", str(SETTINGS), "--cert-dir",
-                          str(tmp_path), "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True, timeout=30, cwd=ROOT)
+                          str(tmp_path), "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True,
+                         timeout=30, cwd=ROOT)
     assert got.returncode != 0 and "certificate" in got.stderr
 
 
