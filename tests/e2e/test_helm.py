@@ -16,7 +16,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -27,18 +26,29 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
-from tests.process import eventually, free_port, stop, webhook_server
+from tests.e2e.helm import (
+    BASE,
+    CHART,
+    FULL,
+    HELM_LABEL,
+    NS,
+    SKIP_MUTATION_LABEL,
+    WEBHOOK_IMAGE,
+    args_of,
+    certificate_controller,
+    kubeconfig_as,
+    merged,
+    rendered,
+    run_helm,
+    serve_args,
+    template,
+    webhook_pod,
+)
+from tests.helpers import EXAMPLES, IMAGE, ROOT, eventually, trainjob
+from tests.process import free_port, stop, webhook_server
 from webhook.core import images
 from webhook.core import settings as settings_mod
 
-CHART = ROOT / "charts" / "dispatch-admission"
-HELM_LABEL = "dispatch-e2e/helm"
-SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"  # the session's own webhooks then leave a TrainJob alone
-NS = "dispatch-system"
-FULL = "rel-dispatch-admission"
-WEBHOOK_IMAGE = "registry.example/dispatch-admission"
-BASE = {"image": {"repository": WEBHOOK_IMAGE}}
 PEM = ("-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ2E=\n-----END CERTIFICATE-----\n")
 
 VALUE_SETS = {
@@ -62,51 +72,6 @@ VALUE_SETS = {
     "no-rbac": {"publish": {"image": IMAGE}, "rbac": {"create": False},
                 "serviceAccount": {"create": False, "name": "mine"}},
 }
-
-
-def merged(*layers: dict) -> dict:
-    out: dict = {}
-    for layer in layers:
-        out = _merge(out, layer)
-    return out
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else copy.deepcopy(v)
-    return out
-
-
-def run_helm(helm, *args, values: dict | None = None, tmp=None, check=True, kubeconfig=None):
-    cmd = [helm, *args]
-    if values is not None:
-        with tempfile.NamedTemporaryFile("w", dir=tmp, prefix="values-", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump(values, f)
-        cmd += ["-f", f.name]
-    if kubeconfig:
-        cmd += ["--kubeconfig", kubeconfig]
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if check and got.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)}:\n{got.stdout}\n{got.stderr}")
-    return got
-
-
-def template(helm, tmp, values, check=True, chart=CHART):
-    return run_helm(helm, "template", "rel", str(chart), "--namespace", NS, values=values, tmp=tmp, check=check)
-
-
-def rendered(helm, tmp, values, chart=CHART) -> dict[tuple[str, str], dict]:
-    out = template(helm, tmp, merged(BASE, values), chart=chart).stdout
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
-
-
-def webhook_pod(docs) -> dict:
-    return docs[("Deployment", FULL)]["spec"]["template"]
-
-
-def args_of(docs) -> list[str]:
-    return webhook_pod(docs)["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -897,41 +862,6 @@ def _install(env, helm, tmp_path, port, release="rel", extra=None):
              values=values, tmp=tmp_path, kubeconfig=env.cluster.kubeconfig)
 
 
-def _sa_kubeconfig(c, sa, tmp_path):
-    token = c.kubectl("create", "token", sa, "-n", NS).stdout.strip()
-    sa_config = yaml.safe_load(open(c.kubeconfig))
-    sa_config["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa_config["contexts"][0]["context"]["user"] = "sa"
-    path = tmp_path / f"{sa}-kubeconfig"
-    path.write_text(yaml.safe_dump(sa_config))
-    return path, token
-
-
-def _serve_args(release: str, sa_kubeconfig) -> list[str]:
-    full = f"{release}-dispatch-admission"
-    # the settings through the API, as the release's ServiceAccount: its Role must let it read and watch them
-    return ["--settings-configmap", f"{NS}/{full}-settings", "--kubeconfig", str(sa_kubeconfig),
-            "--tls-secret", f"{full}-tls", "--tls-service", full, "--tls-read-only", "--namespace", NS]
-
-
-@contextlib.contextmanager
-def _certificate_controller(c, release: str, tmp_path):
-    """`dispatch-admission certificates` as the chart's controller Deployment runs it, under its ServiceAccount."""
-    full = f"{release}-dispatch-admission"
-    sa_kubeconfig, _ = _sa_kubeconfig(c, f"{full}-certs", tmp_path)
-    log = tmp_path / f"{full}-certs.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webhook", "certificates", "--kubeconfig", str(sa_kubeconfig),
-                                 "--tls-secret", f"{full}-tls", "--ca-secret", f"{full}-ca", "--tls-service", full,
-                                 "--webhook-configuration", full,
-                                 "--namespace", NS, "--every", "2"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
-    try:
-        yield log
-    finally:
-        stop(proc)
-
-
 def test_install_self_managed_certificates_and_uninstall(env, helm, tmp_path):
     c = env.cluster
     port = free_port()
@@ -958,7 +888,7 @@ def _run_hook_script(c, tmp_path, hooks, pod_spec: dict, sa: str, config_overrid
         if doc["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding") and \
                 doc["metadata"]["name"] == sa:
             c.apply(doc)
-    _, token = _sa_kubeconfig(c, sa, tmp_path)
+    _, token = kubeconfig_as(c, sa, tmp_path)
     sa_dir = tmp_path / f"sa-{sa}"
     sa_dir.mkdir(exist_ok=True)
     (sa_dir / "token").write_text(token)
@@ -988,9 +918,9 @@ def _installed(c, helm, tmp_path, port):
 
     # The certificate controller and two replica processes, each under the chart's ServiceAccount for it (its
     # RBAC, nothing more): the replicas only read what the controller issued.
-    sa_kubeconfig, _ = _sa_kubeconfig(c, FULL, tmp_path)
-    args = _serve_args("rel", sa_kubeconfig)
-    with _certificate_controller(c, "rel", tmp_path), \
+    sa_kubeconfig, _ = kubeconfig_as(c, FULL, tmp_path)
+    args = serve_args("rel", sa_kubeconfig)
+    with certificate_controller(c, "rel", tmp_path), \
             webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
         version_a, files = _secret(c, f"{FULL}-tls")
         assert set(files) == {"ca.crt", "tls.crt", "tls.key"}, "the CA's key is never in the serving Secret"
@@ -1063,9 +993,9 @@ def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, t
     port = free_port()
     _install(env, helm, tmp_path, port, release="rt", extra={"tests": {"enabled": False}})
     try:
-        sa_kubeconfig, _ = _sa_kubeconfig(c, "rt-dispatch-admission", tmp_path)
-        with _certificate_controller(c, "rt", tmp_path), \
-                webhook_server(tmp_path / "a", *_serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
+        sa_kubeconfig, _ = kubeconfig_as(c, "rt-dispatch-admission", tmp_path)
+        with certificate_controller(c, "rt", tmp_path), \
+                webhook_server(tmp_path / "a", *serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
             _, files = _secret(c, "rt-dispatch-admission-tls")
             bundle = base64.b64encode(files["ca.crt"]).decode()
             for kind, name in (("mutatingwebhookconfiguration", "rt-dispatch-admission"),
