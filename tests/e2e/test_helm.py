@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import contextlib
 import copy
 import json
 import os
@@ -16,7 +15,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,8 +42,8 @@ from tests.e2e.helm import (
     template,
     webhook_pod,
 )
-from tests.helpers import EXAMPLES, IMAGE, ROOT, eventually, trainjob
-from tests.process import free_port, stop, webhook_server
+from tests.helpers import EXAMPLES, IMAGE, eventually, trainjob
+from tests.process import free_port, running, webhook_server
 from webhook.core import images
 from webhook.core import settings as settings_mod
 
@@ -796,44 +794,23 @@ def test_probes_answer_where_the_chart_points_them(helm, tmp_path, client_ca):
     ports = {"https": port, "metrics": metrics_port}
     certs.write_dev_pair(tmp_path / "certs", ["localhost", "127.0.0.1"])
     ctx = ssl.create_default_context(cafile=str(tmp_path / "certs" / "ca.crt"))
-    with _started(tmp_path, args, metrics_port):
+    def answers(probe: str, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError) as e:
+            assert getattr(e, "code", None) != 404, f"{probe} {url}: not served there (404)"
+            return False
+
+    # waited for on the metrics port's /metrics: with client certificates required, the TLS port cannot be
+    # polled without one
+    with running([sys.executable, "-m", "webhook", "serve", *args], tmp_path / "serve.log",
+                 f"http://127.0.0.1:{metrics_port}/metrics",
+                 env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             get = container[probe]["httpGet"]
             url = f"{get['scheme'].lower()}://127.0.0.1:{ports[get['port']]}{get['path']}"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as r:
-                        assert r.status == 200
-                        break
-                except (urllib.error.URLError, ConnectionError) as e:
-                    assert getattr(e, "code", None) != 404, f"{probe} {url}: not served there (404)"
-                    assert time.monotonic() < deadline, f"{probe} {url}: {e}"
-                    time.sleep(0.5)
-
-
-@contextlib.contextmanager
-def _started(tmp, args, metrics_port):
-    """serve, waited for on the metrics port's /metrics (with client certificates required, the TLS port
-    cannot be polled without one)."""
-    log = tmp / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webhook", "serve", *args], stdout=out, stderr=subprocess.STDOUT,
-                                cwd=ROOT, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")},
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.3)
-        yield
-    finally:
-        stop(proc)
+            eventually(lambda probe=probe, url=url: answers(probe, url), f"{probe} {url} answers 200", 30, 0.5)
 
 
 # ---- against the API server ----
@@ -980,10 +957,8 @@ def _installed(c, helm, tmp_path, port):
     assert order.index("Deployment") < order.index("MutatingWebhookConfiguration"), order
     assert run_helm(helm, "status", "rel", "-n", NS, kubeconfig=c.kubeconfig, check=False).returncode != 0
     for kind, name, ns in objects:
-        deadline = time.monotonic() + 30
-        while c.get(kind, name, ns) is not None:
-            assert time.monotonic() < deadline, f"{kind} {name} survived helm uninstall"
-            time.sleep(0.5)
+        eventually(lambda kind=kind, name=name, ns=ns: c.get(kind, name, ns) is None,
+                   f"{kind} {name} survived helm uninstall", 30, 0.5)
 
 
 def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, tmp_path):
