@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 from tests.helpers import CREDS, IMAGE, MANAGER, mount_patch, pod_patch, trainjob
+from webhook.core import paths
 
 PATH_TRICKS = [
     "/opt/dispatch", "/opt/dispatch/", "//opt//dispatch", "///opt/dispatch", "/opt/./dispatch", "/opt/dispatch/.",
@@ -116,3 +117,17 @@ def cases(computed_job) -> list[tuple[str, str, dict, dict | None, str]]:
     deep["spec"]["trainer"] = {"resourcesPerNode": {"claims": [nest]}}
     create("deeply nested object hiding one mount", deep, "S2")
     return out
+
+
+def publish_mounts(job):
+    """Every mount at or under /opt/dispatch (or looking like it) outside the webhook's own entry."""
+    for entry in job["spec"].get("runtimePatches") or []:
+        if entry.get("manager") == MANAGER:
+            continue
+        for rj in entry.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", []):
+            pod = rj["template"]["spec"]["template"]["spec"]
+            for lst in ("containers", "initContainers"):
+                for c in pod.get(lst, []):
+                    for m in c.get("volumeMounts", []):
+                        if paths.under_publish_dir(paths.skeleton(m["mountPath"])):
+                            yield m

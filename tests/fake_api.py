@@ -1,5 +1,6 @@
-"""A fake API server for `serve --metrics-auth` (webhook.kube.metrics_auth): TokenReview and SubjectAccessReview
-only, in plain HTTP on loopback, for the real kubernetes client."""
+"""Fake API servers: `FakeAPI` for `serve --metrics-auth` (webhook.kube.metrics_auth), TokenReview and
+SubjectAccessReview only, in plain HTTP on loopback, for the real kubernetes client; `Script`, recorded list
+answers and watch streams for a `webhook.kube.cluster.Reflector`."""
 
 from __future__ import annotations
 
@@ -73,3 +74,28 @@ class FakeAPI:
     def stop(self) -> None:
         self.gate.set()
         self.server.shutdown()
+
+
+class Script:
+    """Plays recorded list answers and watch streams in order, recording what was asked."""
+
+    def __init__(self, lists, watches):
+        self.lists, self.watches, self.calls, self.sleeps = list(lists), list(watches), [], []
+
+    def list(self, kind):
+        self.calls.append(("list",))
+        answer = self.lists.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def watch(self, kind, version):
+        self.calls.append(("watch", version))
+        stream = self.watches.pop(0) if self.watches else StopReflector()
+        if isinstance(stream, Exception):
+            raise stream
+        yield from stream
+
+
+class StopReflector(Exception):
+    pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import yaml
 
 from webhook.core import patch as patch_mod
 from webhook.core.admission import Admission
-from webhook.core.runtimes import RuntimeIndex
+from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
 from webhook.core.settings import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,47 @@ def stock_runtimes() -> RuntimeIndex:
     return RuntimeIndex(found)
 
 
+class Runtimes:
+    """A runtime source whose runtimes can be edited or deleted between reviews, and that counts reads."""
+
+    def __init__(self, *runtimes: dict, unavailable: bool = False):
+        self.index = RuntimeIndex(list(runtimes))
+        self.unavailable = unavailable
+        self.reads = 0
+
+    def get(self, kind, namespace, name):
+        self.reads += 1
+        if self.unavailable:
+            raise RuntimeUnavailable("the API server cannot be reached")
+        return self.index.get(kind, namespace, name)
+
+    def ready(self) -> bool:
+        return True
+
+
+class Faulty:
+    """A runtime source that breaks (a fault of the webhook) or cannot answer now."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def get(self, kind, namespace, name):
+        raise self.exc
+
+    def ready(self):
+        return True
+
+
+class Clock:
+    """A monotonic clock the test moves (`clock.now += 600`)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def trainjob(name="job", namespace="team-a", runtime_name="torch-distributed", kind=None, patches=None,
              env=None, suspend=None, **trainer) -> dict:
     ref = {"name": runtime_name}
@@ -75,6 +117,17 @@ def trainjob(name="job", namespace="team-a", runtime_name="torch-distributed", k
 def pod_patch(manager: str, pod_spec: dict, job: str = "node") -> dict:
     return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}]}}}}
+
+
+def forged(**change):
+    """An entry of our manager that is not what the settings produce: another image, pulled Always (S4)."""
+    entry = pod_patch(MANAGER, {
+        "volumes": [{"name": "dispatch-publish",
+                     "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
+    })
+    entry.update(change)
+    return entry
 
 
 def mount_patch(path: str, manager="example.com/other", container_list="containers", **extra) -> dict:
@@ -139,6 +192,28 @@ def metric_samples(text: str, name: str, /, **labels: str) -> list[float]:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+def metric_series(text: str, name: str, /, **labels: str) -> list[tuple[dict, float]]:
+    """(labels, value) of each sample named `name` whose labels include `labels` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(dict(s.labels), s.value) for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
 def metric_total(text: str, name: str, /, **labels: str) -> float:
     """The sum of `metric_samples` (0 when there is none)."""
     return sum(metric_samples(text, name, **labels))
+
+
+def eventually(check, what: str, timeout: float = 20, every: float = 0.1):
+    """`check()`'s first truthy value, polled every `every` seconds until `timeout`, then an AssertionError
+    naming `what`: the one waiter of the tests, for what a process does a moment after it answers (a
+    metric counted after the answer is written, a log line through a queue, a watch delivering a change)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} (waited {timeout:.0f}s)")
+        time.sleep(every)

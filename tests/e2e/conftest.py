@@ -15,8 +15,8 @@ import pytest
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane, logs_since
-from tests.helpers import EXAMPLES, metric_total
-from tests.process import webhook_server
+from tests.helpers import EXAMPLES
+from tests.process import Webhook, webhook_server
 
 ROUTE_LABEL = "dispatch-e2e/route"
 SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
@@ -72,22 +72,6 @@ def pytest_runtest_makereport(item, call):
 
 
 @dataclass
-class Webhook:
-    url: str
-    ca: str
-    log: Path
-    proc: object
-
-    def metrics(self) -> str:
-        import requests
-
-        return requests.get(self.url + "/metrics", verify=self.ca, timeout=5).text
-
-    def metric(self, name: str, /, **labels) -> float:
-        return metric_total(self.metrics(), name, **labels)
-
-
-@dataclass
 class Env:
     cluster: ControlPlane
     route1: Webhook
@@ -137,12 +121,12 @@ def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: 
     hooks = []
     files = settings or (EXAMPLES / "settings" / "route1.json", EXAMPLES / "settings" / "route2.json")
     for name, path in zip(("route1", "route2"), files, strict=True):
-        url, ca, log, proc = stack.enter_context(webhook_server(
+        hook = stack.enter_context(webhook_server(
             tmp / name, "--settings", str(path), "--kubeconfig", cluster.kubeconfig,
             "--runtime-metric-labels",  # per-runtime readiness series: test_rollout reads them (off by default)
             env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS[f"webhook {name}{suffix}"] = log
-        hooks.append(Webhook(url, ca, log, proc))
+        _LOGS[f"webhook {name}{suffix}"] = hook.log
+        hooks.append(hook)
     for doc in webhook_configurations(*hooks):
         cluster.apply(doc)
     return hooks

@@ -38,11 +38,14 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 import urllib.request
 import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
 
 from tests.e2e import toolchain
 from tests.e2e.registry import Registry
@@ -724,3 +727,41 @@ if __name__ == "__main__":
                 print(f"{name}: {value:.0f}s")
         finally:
             reg.stop()
+
+
+# ---- what the image must hold (tests/e2e/test_image.py, test_signed_image.py) ----
+
+def expected_distributions() -> dict[str, str]:
+    """What the venv must hold: every distribution of the lock (less the build-only ones: the build backend
+    and PyPA's installer, which the build stage keeps out of the venv) and the package itself, canonical
+    name -> version."""
+    lock = {}
+    for line in re.sub(r"\\\n", " ", (ROOT / "requirements" / "image.lock").read_text()).splitlines():
+        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", line)
+        if m:
+            lock[canonicalize_name(m.group(1))] = m.group(2)
+    build_only = {"pip", "setuptools", "wheel", "installer"}
+    expected = {n: v for n, v in lock.items() if n not in build_only}
+    expected["dispatch-admission"] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return expected
+
+
+def dpkg_records(rootfs: Path) -> dict[str, str]:
+    """Debian package -> version, from dpkg's records in the image (distroless's var/lib/dpkg/status.d/)."""
+    records = {}
+    for path in sorted((rootfs / "var/lib/dpkg/status.d").iterdir()):
+        if not path.name.endswith(".md5sums"):
+            text = path.read_text()
+            package = re.search(r"^Package: (\S+)$", text, re.M).group(1)
+            records[package] = re.search(r"^Version: (\S+)$", text, re.M).group(1)
+    return records
+
+
+def sbom_packages(sbom: dict, purl_type: str) -> dict[str, str]:
+    """name -> version of the SBOM's components whose package URL is of `purl_type` (deb, pypi)."""
+    found = {}
+    for component in sbom.get("components", []):
+        if component.get("purl", "").startswith(f"pkg:{purl_type}/"):
+            name = canonicalize_name(component["name"]) if purl_type == "pypi" else component["name"]
+            assert found.setdefault(name, component["version"]) == component["version"], component
+    return found

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e import toolchain
-from tests.e2e.test_helm import BASE, CHART, FULL, NS, merged, run_helm
+from tests.e2e.helm import BASE, CHART, FULL, NS, merged, run_helm
 from tests.helpers import ROOT
 
 SERIES = f'job="{FULL}",namespace="{NS}"'  # what a ServiceMonitor's scrape of this release's pods carries

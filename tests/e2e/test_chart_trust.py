@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_helm import (
+from tests.e2e.helm import (
     BASE,
     FULL,
     NS,

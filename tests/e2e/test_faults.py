@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import time
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
-from tests.helpers import EXAMPLES, MANAGER, review, trainjob
-from tests.process import eventually, webhook_server
+from tests.helpers import EXAMPLES, MANAGER, eventually, review, trainjob
 
 NS = "team-a"
 
@@ -76,51 +74,47 @@ def test_apiserver_down_known_runtimes_answered_from_cache(env):
     runtime["metadata"] = {"name": "after-outage"}
     c.apply(runtime)
     # The cache catches up: the new runtime arrives through the re-established watch.
-    deadline = time.monotonic() + 60
-    while True:
+    def answered_from_the_cache() -> bool:
         gets = hook.metric("dispatch_admission_api_requests_total", verb="get")
         resp = direct(hook, trainjob(name="after", namespace=NS, runtime_name="after-outage"))
-        if resp["allowed"] and hook.metric("dispatch_admission_api_requests_total", verb="get") == gets:
-            break
-        assert time.monotonic() < deadline, "the cache did not catch up after the API server returned"
-        time.sleep(1)
+        return resp["allowed"] and hook.metric("dispatch_admission_api_requests_total", verb="get") == gets
+
+    eventually(answered_from_the_cache, "the cache did not catch up after the API server returned", 60, 1)
 
 
-def test_webhook_stopped_nothing_is_admitted_unchecked(env, tmp_path):
+def test_webhook_stopped_nothing_is_admitted_unchecked(env, serve):
     c = env.cluster
     label = "dispatch-e2e/down"
-    with webhook_server(tmp_path, "--settings", str(EXAMPLES / "settings" / "route1.json"),
-                        "--kubeconfig", c.kubeconfig) as (url, ca, _, proc):
-        docs = registration("dispatch-admission-down", url, ca, label)
-        with registered(c, docs):
-            c.apply(labelled(trainjob(name="while-up", namespace=NS), label))
-            proc.terminate()
-            proc.wait(30)
-            got = c.apply(labelled(trainjob(name="while-down", namespace=NS), label), check=False)
-            assert got.returncode != 0 and "failed calling webhook" in got.stderr, got.stderr
-            assert c.get("trainjob", "while-down", NS) is None
+    hook = serve(kubeconfig=c.kubeconfig)
+    with registered(c, registration("dispatch-admission-down", hook.url, hook.ca, label)):
+        c.apply(labelled(trainjob(name="while-up", namespace=NS), label))
+        hook.process.terminate()
+        hook.process.wait(30)
+        got = c.apply(labelled(trainjob(name="while-down", namespace=NS), label), check=False)
+        assert got.returncode != 0 and "failed calling webhook" in got.stderr, got.stderr
+        assert c.get("trainjob", "while-down", NS) is None
 
 
-def test_client_certificate_required_and_verified(env, tmp_path):
+def test_client_certificate_required_and_verified(env, serve, tmp_path):
     c = env.cluster
     label = "dispatch-e2e/mtls"
-    with webhook_server(tmp_path, "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig",
-                        c.kubeconfig, "--client-ca", c.ca_file, client_cert=c.webhook_client_cert) as (url, ca, log, _):
-        # Refused at the handshake. Under TLS 1.3 the client's certificate is checked after the client has
-        # seen the handshake complete, and asyncio closes a failed handshake without flushing the alert, so
-        # the client sees either the alert (SSLError) or the connection closed (ConnectionError, its base).
-        with pytest.raises(requests.exceptions.ConnectionError):
-            requests.get(url + "/healthz", verify=ca, timeout=5)
-        other_ca_cert = tmp_path / "stranger"
-        from webhook import certs
-        certs.write_dev_pair(other_ca_cert, ["stranger"])
-        with pytest.raises(requests.exceptions.ConnectionError):
-            requests.get(url + "/healthz", verify=ca, timeout=5,
-                         cert=(str(other_ca_cert / "tls.crt"), str(other_ca_cert / "tls.key")))
-        assert requests.get(url + "/healthz", verify=ca, timeout=5, cert=c.webhook_client_cert).status_code == 200
-        with registered(c, registration("dispatch-admission-mtls", url, ca, label)):
-            c.apply(labelled(trainjob(name="mtls-job", namespace=NS), label))
-        eventually(lambda: '"mtls-job"' in log.read_text(),
-                   "the API server did not reach the webhook with its client certificate")
-        stored = c.get("trainjob", "mtls-job", NS)
-        assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])
+    hook = serve("--client-ca", c.ca_file, kubeconfig=c.kubeconfig, client_cert=c.webhook_client_cert)
+    url, ca = hook.url, hook.ca
+    # Refused at the handshake. Under TLS 1.3 the client's certificate is checked after the client has
+    # seen the handshake complete, and asyncio closes a failed handshake without flushing the alert, so
+    # the client sees either the alert (SSLError) or the connection closed (ConnectionError, its base).
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(url + "/healthz", verify=ca, timeout=5)
+    other_ca_cert = tmp_path / "stranger"
+    from webhook import certs
+    certs.write_dev_pair(other_ca_cert, ["stranger"])
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(url + "/healthz", verify=ca, timeout=5,
+                     cert=(str(other_ca_cert / "tls.crt"), str(other_ca_cert / "tls.key")))
+    assert requests.get(url + "/healthz", verify=ca, timeout=5, cert=c.webhook_client_cert).status_code == 200
+    with registered(c, registration("dispatch-admission-mtls", url, ca, label)):
+        c.apply(labelled(trainjob(name="mtls-job", namespace=NS), label))
+    eventually(lambda: hook.logged('"mtls-job"'),
+               "the API server did not reach the webhook with its client certificate")
+    stored = c.get("trainjob", "mtls-job", NS)
+    assert any(e["manager"] == MANAGER for e in stored["spec"]["runtimePatches"])

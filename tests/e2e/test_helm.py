@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import contextlib
 import copy
 import json
 import os
@@ -16,8 +15,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,18 +24,29 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.helpers import EXAMPLES, IMAGE, ROOT, trainjob
-from tests.process import eventually, free_port, stop, webhook_server
+from tests.e2e.helm import (
+    BASE,
+    CHART,
+    FULL,
+    HELM_LABEL,
+    NS,
+    SKIP_MUTATION_LABEL,
+    WEBHOOK_IMAGE,
+    args_of,
+    certificate_controller,
+    kubeconfig_as,
+    merged,
+    rendered,
+    run_helm,
+    serve_args,
+    template,
+    webhook_pod,
+)
+from tests.helpers import EXAMPLES, IMAGE, eventually, trainjob
+from tests.process import free_port, running, webhook_server
 from webhook.core import images
 from webhook.core import settings as settings_mod
 
-CHART = ROOT / "charts" / "dispatch-admission"
-HELM_LABEL = "dispatch-e2e/helm"
-SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"  # the session's own webhooks then leave a TrainJob alone
-NS = "dispatch-system"
-FULL = "rel-dispatch-admission"
-WEBHOOK_IMAGE = "registry.example/dispatch-admission"
-BASE = {"image": {"repository": WEBHOOK_IMAGE}}
 PEM = ("-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ2E=\n-----END CERTIFICATE-----\n")
 
 VALUE_SETS = {
@@ -62,51 +70,6 @@ VALUE_SETS = {
     "no-rbac": {"publish": {"image": IMAGE}, "rbac": {"create": False},
                 "serviceAccount": {"create": False, "name": "mine"}},
 }
-
-
-def merged(*layers: dict) -> dict:
-    out: dict = {}
-    for layer in layers:
-        out = _merge(out, layer)
-    return out
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else copy.deepcopy(v)
-    return out
-
-
-def run_helm(helm, *args, values: dict | None = None, tmp=None, check=True, kubeconfig=None):
-    cmd = [helm, *args]
-    if values is not None:
-        with tempfile.NamedTemporaryFile("w", dir=tmp, prefix="values-", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump(values, f)
-        cmd += ["-f", f.name]
-    if kubeconfig:
-        cmd += ["--kubeconfig", kubeconfig]
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if check and got.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)}:\n{got.stdout}\n{got.stderr}")
-    return got
-
-
-def template(helm, tmp, values, check=True, chart=CHART):
-    return run_helm(helm, "template", "rel", str(chart), "--namespace", NS, values=values, tmp=tmp, check=check)
-
-
-def rendered(helm, tmp, values, chart=CHART) -> dict[tuple[str, str], dict]:
-    out = template(helm, tmp, merged(BASE, values), chart=chart).stdout
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
-
-
-def webhook_pod(docs) -> dict:
-    return docs[("Deployment", FULL)]["spec"]["template"]
-
-
-def args_of(docs) -> list[str]:
-    return webhook_pod(docs)["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -831,44 +794,23 @@ def test_probes_answer_where_the_chart_points_them(helm, tmp_path, client_ca):
     ports = {"https": port, "metrics": metrics_port}
     certs.write_dev_pair(tmp_path / "certs", ["localhost", "127.0.0.1"])
     ctx = ssl.create_default_context(cafile=str(tmp_path / "certs" / "ca.crt"))
-    with _started(tmp_path, args, metrics_port):
+    def answers(probe: str, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError) as e:
+            assert getattr(e, "code", None) != 404, f"{probe} {url}: not served there (404)"
+            return False
+
+    # waited for on the metrics port's /metrics: with client certificates required, the TLS port cannot be
+    # polled without one
+    with running([sys.executable, "-m", "webhook", "serve", *args], tmp_path / "serve.log",
+                 f"http://127.0.0.1:{metrics_port}/metrics",
+                 env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             get = container[probe]["httpGet"]
             url = f"{get['scheme'].lower()}://127.0.0.1:{ports[get['port']]}{get['path']}"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(url, timeout=5, context=ctx if url.startswith("https") else None) as r:
-                        assert r.status == 200
-                        break
-                except (urllib.error.URLError, ConnectionError) as e:
-                    assert getattr(e, "code", None) != 404, f"{probe} {url}: not served there (404)"
-                    assert time.monotonic() < deadline, f"{probe} {url}: {e}"
-                    time.sleep(0.5)
-
-
-@contextlib.contextmanager
-def _started(tmp, args, metrics_port):
-    """serve, waited for on the metrics port's /metrics (with client certificates required, the TLS port
-    cannot be polled without one)."""
-    log = tmp / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webhook", "serve", *args], stdout=out, stderr=subprocess.STDOUT,
-                                cwd=ROOT, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")},
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.3)
-        yield
-    finally:
-        stop(proc)
+            eventually(lambda probe=probe, url=url: answers(probe, url), f"{probe} {url} answers 200", 30, 0.5)
 
 
 # ---- against the API server ----
@@ -897,41 +839,6 @@ def _install(env, helm, tmp_path, port, release="rel", extra=None):
              values=values, tmp=tmp_path, kubeconfig=env.cluster.kubeconfig)
 
 
-def _sa_kubeconfig(c, sa, tmp_path):
-    token = c.kubectl("create", "token", sa, "-n", NS).stdout.strip()
-    sa_config = yaml.safe_load(open(c.kubeconfig))
-    sa_config["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa_config["contexts"][0]["context"]["user"] = "sa"
-    path = tmp_path / f"{sa}-kubeconfig"
-    path.write_text(yaml.safe_dump(sa_config))
-    return path, token
-
-
-def _serve_args(release: str, sa_kubeconfig) -> list[str]:
-    full = f"{release}-dispatch-admission"
-    # the settings through the API, as the release's ServiceAccount: its Role must let it read and watch them
-    return ["--settings-configmap", f"{NS}/{full}-settings", "--kubeconfig", str(sa_kubeconfig),
-            "--tls-secret", f"{full}-tls", "--tls-service", full, "--tls-read-only", "--namespace", NS]
-
-
-@contextlib.contextmanager
-def _certificate_controller(c, release: str, tmp_path):
-    """`dispatch-admission certificates` as the chart's controller Deployment runs it, under its ServiceAccount."""
-    full = f"{release}-dispatch-admission"
-    sa_kubeconfig, _ = _sa_kubeconfig(c, f"{full}-certs", tmp_path)
-    log = tmp_path / f"{full}-certs.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webhook", "certificates", "--kubeconfig", str(sa_kubeconfig),
-                                 "--tls-secret", f"{full}-tls", "--ca-secret", f"{full}-ca", "--tls-service", full,
-                                 "--webhook-configuration", full,
-                                 "--namespace", NS, "--every", "2"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
-    try:
-        yield log
-    finally:
-        stop(proc)
-
-
 def test_install_self_managed_certificates_and_uninstall(env, helm, tmp_path):
     c = env.cluster
     port = free_port()
@@ -958,7 +865,7 @@ def _run_hook_script(c, tmp_path, hooks, pod_spec: dict, sa: str, config_overrid
         if doc["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding") and \
                 doc["metadata"]["name"] == sa:
             c.apply(doc)
-    _, token = _sa_kubeconfig(c, sa, tmp_path)
+    _, token = kubeconfig_as(c, sa, tmp_path)
     sa_dir = tmp_path / f"sa-{sa}"
     sa_dir.mkdir(exist_ok=True)
     (sa_dir / "token").write_text(token)
@@ -988,9 +895,9 @@ def _installed(c, helm, tmp_path, port):
 
     # The certificate controller and two replica processes, each under the chart's ServiceAccount for it (its
     # RBAC, nothing more): the replicas only read what the controller issued.
-    sa_kubeconfig, _ = _sa_kubeconfig(c, FULL, tmp_path)
-    args = _serve_args("rel", sa_kubeconfig)
-    with _certificate_controller(c, "rel", tmp_path), \
+    sa_kubeconfig, _ = kubeconfig_as(c, FULL, tmp_path)
+    args = serve_args("rel", sa_kubeconfig)
+    with certificate_controller(c, "rel", tmp_path), \
             webhook_server(tmp_path / "a", *args, port=port, make_certs=False):
         version_a, files = _secret(c, f"{FULL}-tls")
         assert set(files) == {"ca.crt", "tls.crt", "tls.key"}, "the CA's key is never in the serving Secret"
@@ -1050,10 +957,8 @@ def _installed(c, helm, tmp_path, port):
     assert order.index("Deployment") < order.index("MutatingWebhookConfiguration"), order
     assert run_helm(helm, "status", "rel", "-n", NS, kubeconfig=c.kubeconfig, check=False).returncode != 0
     for kind, name, ns in objects:
-        deadline = time.monotonic() + 30
-        while c.get(kind, name, ns) is not None:
-            assert time.monotonic() < deadline, f"{kind} {name} survived helm uninstall"
-            time.sleep(0.5)
+        eventually(lambda kind=kind, name=name, ns=ns: c.get(kind, name, ns) is None,
+                   f"{kind} {name} survived helm uninstall", 30, 0.5)
 
 
 def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, tmp_path):
@@ -1063,9 +968,9 @@ def test_self_managed_ca_reaches_the_runtime_warnings_configuration(env, helm, t
     port = free_port()
     _install(env, helm, tmp_path, port, release="rt", extra={"tests": {"enabled": False}})
     try:
-        sa_kubeconfig, _ = _sa_kubeconfig(c, "rt-dispatch-admission", tmp_path)
-        with _certificate_controller(c, "rt", tmp_path), \
-                webhook_server(tmp_path / "a", *_serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
+        sa_kubeconfig, _ = kubeconfig_as(c, "rt-dispatch-admission", tmp_path)
+        with certificate_controller(c, "rt", tmp_path), \
+                webhook_server(tmp_path / "a", *serve_args("rt", sa_kubeconfig), port=port, make_certs=False):
             _, files = _secret(c, "rt-dispatch-admission-tls")
             bundle = base64.b64encode(files["ca.crt"]).decode()
             for kind, name in (("mutatingwebhookconfiguration", "rt-dispatch-admission"),

@@ -19,6 +19,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from tests.e2e import image as image_mod
+from tests.e2e.image import dpkg_records, expected_distributions, sbom_packages
 from tests.e2e.registry import Registry
 from tests.helpers import EXAMPLES, ROOT
 
@@ -93,32 +94,6 @@ def in_image_path(built: Built, names: set[str]) -> list[str]:
                     json.dumps(sorted(names)))
     assert got.returncode == 0, got.stderr
     return json.loads(got.stdout)
-
-
-def expected_distributions() -> dict[str, str]:
-    """What the venv must hold: every distribution of the lock (less the build-only ones: the build backend
-    and PyPA's installer, which the build stage keeps out of the venv) and the package itself, canonical
-    name -> version."""
-    lock = {}
-    for line in re.sub(r"\\\n", " ", (ROOT / "requirements" / "image.lock").read_text()).splitlines():
-        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", line)
-        if m:
-            lock[canonicalize_name(m.group(1))] = m.group(2)
-    build_only = {"pip", "setuptools", "wheel", "installer"}
-    expected = {n: v for n, v in lock.items() if n not in build_only}
-    expected["dispatch-admission"] = PYPROJECT["project"]["version"]
-    return expected
-
-
-def dpkg_records(rootfs: Path) -> dict[str, str]:
-    """Debian package -> version, from dpkg's records in the image (distroless's var/lib/dpkg/status.d/)."""
-    records = {}
-    for path in sorted((rootfs / "var/lib/dpkg/status.d").iterdir()):
-        if not path.name.endswith(".md5sums"):
-            text = path.read_text()
-            package = re.search(r"^Package: (\S+)$", text, re.M).group(1)
-            records[package] = re.search(r"^Version: (\S+)$", text, re.M).group(1)
-    return records
 
 
 def test_pushed_by_digest_for_linux_amd64(built):
@@ -286,16 +261,6 @@ def test_a_build_elsewhere_from_scratch_is_the_same_image(built):
 @pytest.fixture(scope="module")
 def image_sbom(built):
     return image_mod.image_sbom(built.registry, built.ref)
-
-
-def sbom_packages(sbom: dict, purl_type: str) -> dict[str, str]:
-    """name -> version of the SBOM's components whose package URL is of `purl_type` (deb, pypi)."""
-    found = {}
-    for component in sbom.get("components", []):
-        if component.get("purl", "").startswith(f"pkg:{purl_type}/"):
-            name = canonicalize_name(component["name"]) if purl_type == "pypi" else component["name"]
-            assert found.setdefault(name, component["version"]) == component["version"], component
-    return found
 
 
 def test_the_image_sbom_lists_the_debian_packages_and_the_lock(built, image_sbom):

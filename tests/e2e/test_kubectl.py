@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
-from tests.helpers import EXAMPLES, MANAGER, mount_patch, pod_patch, trainjob
+from tests.helpers import EXAMPLES, MANAGER, eventually, mount_patch, pod_patch, trainjob
 from webhook.commands.files import load_settings as load
 from webhook.core import patch, rules
 
@@ -226,13 +226,16 @@ def settled_gets(hook) -> float:
     def read() -> float:
         return hook.metric("dispatch_admission_api_requests_total", verb="get")
 
-    before = read()
-    while True:
-        time.sleep(1.2)
+    seen = [read()]
+
+    def unchanged() -> bool:
         now = read()
-        if now == before:
-            return now
-        before = now
+        settled, seen[0] = now == seen[0], now
+        return settled
+
+    time.sleep(1.2)
+    eventually(unchanged, "the pod's live reads never settled", 60, 1.2)
+    return seen[0]
 
 
 def test_known_runtimes_are_answered_from_the_cache(env):
@@ -250,13 +253,10 @@ def test_zz_apiserver_restart_the_watch_recovers(env):
     runtime["metadata"] = {"name": "after-restart"}
     c.apply(runtime)
     # The watch has re-established and delivers the new runtime: no live read is needed for it.
-    deadline = time.monotonic() + 60
-    gets = env.route1.metric("dispatch_admission_api_requests_total", verb="get")
-    while True:
+    def answered_from_the_cache() -> bool:
+        gets = env.route1.metric("dispatch_admission_api_requests_total", verb="get")
         c.apply(trainjob(name=f"post-restart-{int(time.monotonic() * 1000) % 100000}", namespace=NS,
                          runtime_name="after-restart"))
-        if env.route1.metric("dispatch_admission_api_requests_total", verb="get") == gets:
-            break
-        assert time.monotonic() < deadline, "the watch did not recover after the API server restart"
-        gets = env.route1.metric("dispatch_admission_api_requests_total", verb="get")
-        time.sleep(2)
+        return env.route1.metric("dispatch_admission_api_requests_total", verb="get") == gets
+
+    eventually(answered_from_the_cache, "the watch did not recover after the API server restart", 60, 2)

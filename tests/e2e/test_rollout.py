@@ -9,16 +9,15 @@ import copy
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.e2e import toolchain
-from tests.e2e.conftest import _LOGS, Webhook, start_cluster, webhooks_swapped
-from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_samples, mount_patch, runtime, trainjob
-from tests.process import webhook_server
+from tests.e2e.conftest import _LOGS, start_cluster, webhooks_swapped
+from tests.helpers import EXAMPLES, MANAGER, ROOT, eventually, metric_samples, mount_patch, runtime, trainjob
+from tests.process import Webhook
 from webhook import api
 from webhook.commands.files import load_settings
 
@@ -30,12 +29,11 @@ ROUTE2 = EXAMPLES / "settings" / "route2.json"
 # ---- SPEC 8.1: the same TrainJob under enforce and under warn ----
 
 @pytest.fixture(scope="module")
-def warn_hook(env, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("warn")
-    with webhook_server(tmp, "--settings", str(ROUTE1), "--kubeconfig", env.cluster.kubeconfig, "--enforcement", "warn",
-                        env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
-        _LOGS["webhook warn"] = log
-        yield Webhook(url, ca, log, proc)
+def warn_hook(env, serve_module):
+    hook = serve_module("--enforcement", "warn", kubeconfig=env.cluster.kubeconfig,
+                        env={"PROMETHEUS_MULTIPROC_DIR": ""})
+    _LOGS["webhook warn"] = hook.log
+    return hook
 
 
 def test_spec_8_1_no_node_container_refused_under_enforce_admitted_with_the_warning_under_warn(env, warn_hook):
@@ -83,12 +81,10 @@ def runtime_ready(hook: Webhook, name: str) -> float | None:
     return found[0] if found else None
 
 
-def wait_ready_gauge(hook: Webhook, name: str, value: float, timeout: float = 20) -> float | None:
-    """The gauge once it reads `value` (the watch delivers the change), or what it reads at the deadline."""
-    deadline = time.monotonic() + timeout
-    while (got := runtime_ready(hook, name)) != value and time.monotonic() < deadline:
-        time.sleep(0.3)
-    return got
+def wait_ready_gauge(hook: Webhook, name: str, value: float, timeout: float = 20) -> None:
+    """Until the gauge reads `value` (the watch delivers the change)."""
+    eventually(lambda: runtime_ready(hook, name) == value, f"dispatch_admission_runtime_ready{{name={name!r}}} "
+               f"reads {value}", timeout, 0.3)
 
 
 def test_spec_8_3_a_runtime_edit_removing_the_init_container_is_warned_and_the_gauge_drops(env):
@@ -99,7 +95,7 @@ def test_spec_8_3_a_runtime_edit_removing_the_init_container_is_warned_and_the_g
         rt["metadata"] = {"name": "rollout-init"}
         got = c.apply(rt)
         assert "Warning" not in got.stderr, got.stderr
-        assert wait_ready_gauge(env.route2, "rollout-init", 1.0) == 1.0
+        wait_ready_gauge(env.route2, "rollout-init", 1.0)
         edited = copy.deepcopy(rt)
         for job in edited["spec"]["template"]["spec"]["replicatedJobs"]:
             job["template"]["spec"]["template"]["spec"].pop("initContainers", None)
@@ -107,7 +103,7 @@ def test_spec_8_3_a_runtime_edit_removing_the_init_container_is_warned_and_the_g
         assert got.returncode == 0  # warnings only, never a denial
         assert "Warning: R4: TrainJobs on this runtime will be refused: job 'node' lacks init container" \
             in got.stderr, got.stderr
-        assert wait_ready_gauge(env.route2, "rollout-init", 0.0) == 0.0
+        wait_ready_gauge(env.route2, "rollout-init", 0.0)
         # ... and a TrainJob on route 2 naming it is refused, as the warning said.
         job = trainjob(name="rollout-r4", namespace=NS, runtime_name="rollout-init")
         job["metadata"]["labels"] = {"dispatch-e2e/route": "2"}

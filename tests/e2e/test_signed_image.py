@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 from tests.e2e import image as image_mod
 from tests.e2e import kyverno, signed_image
 from tests.e2e.conftest import _LOGS, start_cluster
+from tests.e2e.image import dpkg_records, expected_distributions, sbom_packages
 from tests.e2e.registry import FileEntry, Registry, write_layer
-from tests.e2e.test_image import dpkg_records, expected_distributions, sbom_packages
 from tests.helpers import EXAMPLES, NOW_TEXT, ROOT, review
 
 ELF_MACHINES = {62: "x86-64", 183: "aarch64", 3: "i386", 40: "arm"}  # ELF e_machine values

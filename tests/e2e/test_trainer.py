@@ -8,25 +8,19 @@ is the pod template of the JobSet Trainer creates.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonpatch
 import pytest
-import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_cluster, start_our_webhooks, webhooks_swapped
-from tests.helpers import EXAMPLES, MANAGER, trainjob
-from tests.process import free_port, stop, webhook_server
-from webhook import certs
+from tests.e2e.conftest import ROUTE_LABEL, start_cluster, start_our_webhooks, webhooks_swapped
+from tests.e2e.trainer import start_trainer, trainer_webhooks
+from tests.helpers import EXAMPLES, MANAGER, eventually, trainjob
+from tests.process import Webhook, stop
 from webhook.commands.files import load_settings as load
 
 NS = "team-a"
@@ -41,65 +35,8 @@ class TrainerEnv:
     tmp: Path
 
 
-# Trainer's kustomize base patches its generated webhook configurations (names, object selectors)
-TRAINER_PATCHES = {"MutatingWebhookConfiguration": "patch_mutating.yaml",
-                   "ValidatingWebhookConfiguration": "patch_validating.yaml"}
-
-
-def _trainer_webhooks(port: int, ca_pem: bytes) -> list[dict]:
-    """Trainer's own webhook configurations from its module as its kustomize base deploys them (its JSON6902
-    patches applied), pointed at its loopback webhook server. The names matter: the API server calls mutating
-    configurations in the order of their names, and Trainer's, `defaulter.trainer.kubeflow.org` (the name its
-    Helm chart and its certificate rotator use too), sorts before ours, so its defaulter runs first, as in a
-    cluster."""
-    base = toolchain.trainer_module() / "manifests" / "base" / "webhook"
-    docs = [jsonpatch.apply_patch(d, yaml.safe_load((base / TRAINER_PATCHES[d["kind"]]).read_text()))
-            for d in yaml.safe_load_all((base / "manifests.yaml").read_text()) if d]
-    for d in docs:
-        for w in d["webhooks"]:
-            path = w["clientConfig"]["service"]["path"]
-            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
-                                 "caBundle": base64.b64encode(ca_pem).decode()}
-    return docs
-
-
-def _start_trainer(cluster: ControlPlane, tmp: Path) -> tuple[subprocess.Popen, int]:
-    binary = toolchain.trainer_bin() / "trainer-controller-manager"
-    webhook_port, health_port, status_port = free_port(), free_port(), free_port()
-    # controller-runtime reads its webhook certificate from $TMPDIR/k8s-webhook-server/serving-certs.
-    certs.write_dev_pair(tmp / "k8s-webhook-server" / "serving-certs", ["localhost", "127.0.0.1"])
-    config = tmp / "trainer-config.yaml"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}", "readinessEndpointName": "readyz",
-                   "livenessEndpointName": "healthz"},
-        "metrics": {"bindAddress": "0"},
-        "webhook": {"port": webhook_port, "host": "127.0.0.1"},
-        "leaderElection": {"leaderElect": False},
-        "certManagement": {"enable": False},
-        "statusServer": {"port": status_port},
-    }))
-    log = tmp / "trainer-controller-manager.log"
-    _LOGS["trainer-controller-manager"] = log
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(binary), f"--config={config}", "--zap-log-level=info"], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={"KUBECONFIG": cluster.kubeconfig, "TMPDIR": str(tmp), "HOME": str(tmp),
-                                     "PATH": "/usr/bin:/bin"})
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"trainer-controller-manager exited:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"trainer-controller-manager not ready:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    return proc, webhook_port
+# test_node.py imports these from here (until it imports tests/e2e/trainer.py)
+_start_trainer, _trainer_webhooks = start_trainer, trainer_webhooks
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +48,10 @@ def trainer(tmp_path_factory):
         for f in ("torch_distributed.yaml", "deepspeed_distributed.yaml"):
             cluster.kubectl("apply", "-f", str(runtimes / f))
         cluster.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "torch-init.yaml"))
-        proc, port = _start_trainer(cluster, tmp)
+        proc, port = start_trainer(cluster, tmp)
         stack.callback(stop, proc)
         ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
-        for doc in _trainer_webhooks(port, ca):
+        for doc in trainer_webhooks(port, ca):
             cluster.apply(doc)
         hooks = start_our_webhooks(stack, cluster, tmp, " (trainer)")
         yield TrainerEnv(cluster, hooks[0], hooks[1], tmp)
@@ -122,13 +59,8 @@ def trainer(tmp_path_factory):
 
 def jobset_pods(cluster: ControlPlane, name: str, timeout: float = 60) -> dict[str, dict]:
     """The pod spec of each replicated job of the JobSet Trainer creates for TrainJob `name`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        js = cluster.get("jobset", name, NS)
-        if js is not None:
-            return {rj["name"]: rj["template"]["spec"]["template"]["spec"] for rj in js["spec"]["replicatedJobs"]}
-        assert time.monotonic() < deadline, f"Trainer created no JobSet for {name}"
-        time.sleep(0.5)
+    js = eventually(lambda: cluster.get("jobset", name, NS), f"Trainer created no JobSet for {name}", timeout, 0.5)
+    return {rj["name"]: rj["template"]["spec"]["template"]["spec"] for rj in js["spec"]["replicatedJobs"]}
 
 
 def publish_volume(pod: dict) -> dict:
@@ -185,7 +117,7 @@ def swapped(trainer, replacement):
     return webhooks_swapped(trainer.cluster, [trainer.route1, trainer.route2], replacement)
 
 
-def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
+def test_settings_change_keeps_the_entry_of_an_existing_job(trainer, serve):
     c = trainer.cluster
     c.apply(trainjob(name="t-rollout", namespace=NS))
     before = c.get("trainjob", "t-rollout", NS)
@@ -193,15 +125,14 @@ def test_settings_change_keeps_the_entry_of_an_existing_job(trainer):
     doc = json.loads((EXAMPLES / "settings" / "route1.json").read_text())
     doc["publish"]["image"] = doc["publish"]["image"].split("@")[0] + "@sha256:" + "e" * 64
     newer.write_text(json.dumps(doc))
-    with webhook_server(trainer.tmp / "newer", "--settings", str(newer), "--kubeconfig", c.kubeconfig,
-                        env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
-        with swapped(trainer, [Webhook(url, ca, log, proc), trainer.route2]):
-            # SPEC 6.3: admitted, the entry kept as it was, nothing said (audit reports the stale entry)
-            got = c.kubectl("label", "trainjob", "t-rollout", "-n", NS, "rolled=yes")
-            assert "Warning" not in got.stderr, got.stderr
-            got = c.kubectl("patch", "trainjob", "t-rollout", "-n", NS, "--type=merge", "-p",
-                            '{"spec": {"suspend": true}}')
-            assert "Warning" not in got.stderr, got.stderr
+    hook = serve(settings=newer, kubeconfig=c.kubeconfig, env={"PROMETHEUS_MULTIPROC_DIR": ""})
+    with swapped(trainer, [hook, trainer.route2]):
+        # SPEC 6.3: admitted, the entry kept as it was, nothing said (audit reports the stale entry)
+        got = c.kubectl("label", "trainjob", "t-rollout", "-n", NS, "rolled=yes")
+        assert "Warning" not in got.stderr, got.stderr
+        got = c.kubectl("patch", "trainjob", "t-rollout", "-n", NS, "--type=merge", "-p",
+                        '{"spec": {"suspend": true}}')
+        assert "Warning" not in got.stderr, got.stderr
     after = c.get("trainjob", "t-rollout", NS)
     assert after["spec"]["runtimePatches"] == before["spec"]["runtimePatches"], "the entry was rewritten"
 

@@ -18,19 +18,19 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import webhooks_swapped
-from tests.e2e.test_helm import (
+from tests.e2e.helm import (
     BASE,
     CHART,
     HELM_LABEL,
     NS,
-    _certificate_controller,
-    _sa_kubeconfig,
+    certificate_controller,
+    kubeconfig_as,
     merged,
     rendered,
     run_helm,
 )
-from tests.helpers import EXAMPLES, MANAGER, trainjob
-from tests.process import eventually, free_port, webhook_server
+from tests.helpers import EXAMPLES, MANAGER, eventually, trainjob
+from tests.process import free_port, webhook_server
 
 RELEASE = "trust"
 FULL = f"{RELEASE}-dispatch-admission"
@@ -86,7 +86,7 @@ class Release:
         self.stop()
         self.starts += 1
         self.metrics_port = free_port()
-        sa_kubeconfig, _ = _sa_kubeconfig(self.c, FULL, self.tmp)
+        sa_kubeconfig, _ = kubeconfig_as(self.c, FULL, self.tmp)
         stack = contextlib.ExitStack()
         _, _, self.log, _ = stack.enter_context(webhook_server(
             self.tmp / f"replica-{self.starts}", *self.chart_args(), "--kubeconfig", str(sa_kubeconfig),
@@ -131,7 +131,7 @@ def release(env, helm, tmp_path_factory):  # noqa: F811  (helm: the fixture impo
     with webhooks_swapped(c, [env.route1, env.route2], None):
         rel.helm_run("install")
         try:
-            with _certificate_controller(c, RELEASE, rel.tmp):
+            with certificate_controller(c, RELEASE, rel.tmp):
                 rel.start()
                 try:
                     yield rel
@@ -210,8 +210,8 @@ def mutation_skipped(c):
 
 def test_the_serving_pods_token_cannot_read_the_ca_key(release):
     c = release.c
-    webhook, _ = _sa_kubeconfig(c, FULL, release.tmp)
-    controller, _ = _sa_kubeconfig(c, f"{FULL}-certs", release.tmp)
+    webhook, _ = kubeconfig_as(c, FULL, release.tmp)
+    controller, _ = kubeconfig_as(c, f"{FULL}-certs", release.tmp)
 
     def secret_as(kubeconfig, name):
         return c.kubectl("--kubeconfig", str(kubeconfig), "get", "secret", name, "-n", NS, "-o", "json", check=False)
@@ -312,8 +312,8 @@ def test_the_guard_refuses_an_unlisted_identity_and_admits_a_listed_one(release)
     for sa in (LISTED_SA, UNLISTED_SA):
         c.kubectl("create", "serviceaccount", sa, "-n", NS)
     alice, bob, team = ["--as", "alice"], ["--as", LISTED_USER], ["--as", "carol", "--as-group", LISTED_GROUP]
-    listed_sa = ["--kubeconfig", str(_sa_kubeconfig(c, LISTED_SA, release.tmp)[0])]
-    other_sa = ["--kubeconfig", str(_sa_kubeconfig(c, UNLISTED_SA, release.tmp)[0])]
+    listed_sa = ["--kubeconfig", str(kubeconfig_as(c, LISTED_SA, release.tmp)[0])]
+    other_sa = ["--kubeconfig", str(kubeconfig_as(c, UNLISTED_SA, release.tmp)[0])]
     try:
         def alice_refused():
             got = as_(c, alice, "label", "ns", "team-a", f"{LABEL}=")

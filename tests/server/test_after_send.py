@@ -13,14 +13,13 @@ or leave a mark another test reads.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.process import ROOT, free_port, stop, wait_https
-from tests.server.test_serve import read_response, tls_socket
+from tests.helpers import eventually
+from tests.process import free_port, running
+from tests.tls import read_response, tls_socket
 from webhook import certs
 from webhook.serving.connection import INLINE_LIMIT
 
@@ -72,17 +71,11 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("after-send")
     certs.write_dev_pair(tmp / "certs", ["localhost", "127.0.0.1"])
     (tmp / "app.py").write_text(APP)
-    port, log = free_port(), tmp / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"),
-                                 str(tmp)],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    port = free_port()
     base, ca = f"https://127.0.0.1:{port}", str(tmp / "certs" / "ca.crt")
-    try:
-        wait_https(base + "/", ca, proc, log)
+    with running([sys.executable, str(tmp / "app.py"), f"127.0.0.1:{port}", str(tmp / "certs"), str(tmp)],
+                 tmp / "server.log", base + "/", ca):
         yield base, ca, tmp
-    finally:
-        stop(proc)
 
 
 @pytest.mark.parametrize("size", [100, INLINE_LIMIT + 1], ids=["answered-on-the-loop", "answered-on-a-thread"])
@@ -98,10 +91,8 @@ def test_close_runs_after_the_answer_is_written(server, size):
         assert (code, answer) == (200, b'{"ok":true}')
         assert not gave_up.exists(), "close() ran (and gave up waiting) before the answer was written"
         released.touch()
-        deadline = time.monotonic() + 30
-        while not closed.exists() or not closed.read_text():  # close() is still called
-            assert time.monotonic() < deadline, "close() was never called"
-            time.sleep(0.01)
+        # close() is still called
+        eventually(lambda: closed.exists() and closed.read_text(), "close() was never called", 30, 0.01)
     assert not gave_up.exists()
     # on the loop, after the answer was written there: not on an app thread, racing the loop's write
     assert closed.read_text() == "MainThread"

@@ -11,7 +11,6 @@ the room with heads and small bodies.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import ssl
 import time
@@ -19,12 +18,10 @@ import time
 import pytest
 import requests
 
-from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import eventually, free_port, webhook_server
+from tests.helpers import eventually, metric_series, review, trainjob
+from tests.tls import tls_socket
 from webhook.serving.room import PATIENCE
 
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 MAX_BODY = 2_000_000
 IN_FLIGHT = 3_000_000  # room for one body of MAX_BODY, not two
 
@@ -54,38 +51,30 @@ def read_status(sock: ssl.SSLSocket) -> tuple[int, bytes]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    metrics_port = free_port()
-    with webhook_server(tmp_path_factory.mktemp("in-flight"), "--settings", SETTINGS, *RUNTIME_ARGS,
-                        "--workers", "1", "--max-body", str(MAX_BODY), "--max-body-in-flight", str(IN_FLIGHT),
-                        "--metrics-bind", f"127.0.0.1:{metrics_port}", "--read-timeout", "20",
-                        "--log-level", "warning") as (base, ca, log, proc):
-        yield base, ca, metrics_port
+def server(serve_module):
+    return serve_module("--workers", "1", "--max-body", str(MAX_BODY), "--max-body-in-flight", str(IN_FLIGHT),
+                        "--read-timeout", "20", "--log-level", "warning", metrics=True)
 
 
 def connect(server, request) -> ssl.SSLSocket:
-    base, ca, _ = server
-    ctx = ssl.create_default_context(cafile=ca)
-    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=20),
-                           server_hostname="127.0.0.1")
+    sock = tls_socket(server.url, server.ca)
+    sock.settimeout(20)
     request.addfinalizer(sock.close)  # a failure must not leave it holding the worker's room
     return sock
 
 
 def post_large(server, body: bytes) -> requests.Response:
-    base, ca, _ = server
-    return requests.post(base + "/validate", data=body, headers={"Content-Type": "application/json"}, verify=ca,
-                         timeout=20)
+    return server.post("/validate", body, timeout=20)
 
 
 def held(server) -> float:
     """What the worker's room counts now (sampled every 0.25 s)."""
-    text = requests.get(f"http://127.0.0.1:{server[2]}/metrics", timeout=10).text
-    return float(re.search(r"^dispatch_admission_request_bytes_held ([0-9.e+]+)$", text, re.M).group(1))
+    [value] = [v for _, v in metric_series(server.metrics(), "dispatch_admission_request_bytes_held")]
+    return value
 
 
 def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, request):
-    base, ca, _ = server
+    base, ca = server.url, server.ca
     body = large_review()
     assert len(body) <= MAX_BODY and 2 * len(body) > IN_FLIGHT
     # Connected (handshakes done) first, so the heads below reach the worker together.
@@ -178,7 +167,7 @@ def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
 def test_the_metrics_port_takes_no_body(server):
     """The metrics port is open to the namespaces Prometheus runs in: a body there is refused at its head
     and holds no room."""
-    _, _, metrics_port = server
+    metrics_port = int(server.metrics_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", metrics_port), timeout=20) as plain:
         plain.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 400000\r\n\r\n")
         status, data = read_status(plain)

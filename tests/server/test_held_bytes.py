@@ -18,7 +18,6 @@ holds all 10 MiB.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import ssl
 import threading
@@ -27,11 +26,8 @@ import time
 import pytest
 import requests
 
-from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import eventually, free_port, webhook_server
+from tests.helpers import eventually, metric_series, review, trainjob
 
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 ROOM = 1024 * 1024
 STALLERS = 128
 FIELDS = [f"X-Pad-{i}: {'p' * 8000}\r\n" for i in range(7)]  # gunicorn's limit is 8190 bytes a field
@@ -51,12 +47,9 @@ HELD = {kind: len(staller_bytes(kind)) for kind in ("head", "body")}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    metrics_port = free_port()
-    with webhook_server(tmp_path_factory.mktemp("held"), "--settings", SETTINGS, *RUNTIME_ARGS, "--workers", "1",
-                        "--max-body-in-flight", str(ROOM), "--read-timeout", "60",
-                        "--metrics-bind", f"127.0.0.1:{metrics_port}", "--log-level", "warning") as running:
-        yield *running, metrics_port
+def server(serve_module):
+    return serve_module("--workers", "1", "--max-body-in-flight", str(ROOM), "--read-timeout", "60",
+                        "--log-level", "warning", metrics=True)
 
 
 def open_staller(port: int, ctx: ssl.SSLContext, kind: str) -> ssl.SSLSocket:
@@ -80,9 +73,9 @@ def answered(sock: ssl.SSLSocket) -> bytes:
         return data or b"closed"
 
 
-def gauge(metrics_port: int, suffix: str = "") -> float:
-    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    return float(re.search(rf"^dispatch_admission_request_bytes_held{suffix} ([0-9.e+]+)$", text, re.M).group(1))
+def gauge(server, suffix: str = "") -> float:
+    [value] = [v for _, v in metric_series(server.metrics(), f"dispatch_admission_request_bytes_held{suffix}")]
+    return value
 
 
 def worker_pids(master: int) -> set[int]:
@@ -90,8 +83,8 @@ def worker_pids(master: int) -> set[int]:
 
 
 def test_a_flood_of_heads_and_small_bodies_stays_in_the_room(server):
-    base, ca, log, proc, metrics_port = server
-    port = int(base.rsplit(":", 1)[1])
+    base, ca, log, proc = server.url, server.ca, server.log, server.process
+    port = server.port
     workers = worker_pids(proc.pid)
     assert len(workers) == 1
     ctx = ssl.create_default_context(cafile=ca)
@@ -155,11 +148,11 @@ def test_a_flood_of_heads_and_small_bodies_stays_in_the_room(server):
     assert failures == [], failures[:5]
     assert len(latencies) >= 20 and max(latencies) < API_SERVER_TIMEOUT / 2, latencies
     # The worker's held bytes reached the room and never went past it; the worker is the one it started with.
-    top = eventually(lambda: gauge(metrics_port, "_peak") >= ROOM - max(HELD.values()) and gauge(metrics_port, "_peak"),
+    top = eventually(lambda: gauge(server, "_peak") >= ROOM - max(HELD.values()) and gauge(server, "_peak"),
                      "the peak gauge")
     assert top <= ROOM
     # With the stallers gone, nothing stays counted.
-    eventually(lambda: gauge(metrics_port) == 0, "held bytes back to 0")
+    eventually(lambda: gauge(server) == 0, "held bytes back to 0")
     assert worker_pids(proc.pid) == workers and proc.poll() is None
     text = log.read_text()
     assert "Traceback" not in text and "worker failed" not in text, text[-3000:]

@@ -18,28 +18,24 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from tests.bypass import cases, mount_patch
-from tests.helpers import CREDS, EXAMPLES, ROUTE1, admission, mutated, review, trainjob
-from tests.process import webhook_server
+from tests.bypass import cases, mount_patch, publish_mounts
+from tests.helpers import CREDS, ROUTE1, admission, mutated, review, trainjob
 from tests.strategies import trainjobs
-from tests.unit.test_bypass import publish_mounts
 from webhook.core import patch
 
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 CORE = admission({**ROUTE1, **CREDS})
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with webhook_server(tmp_path_factory.mktemp("hostile"), "--settings", SETTINGS, *RUNTIME_ARGS,
-                        "--log-level", "warning") as s:
-        yield s
+def server(serve_module):
+    return serve_module("--log-level", "warning")
 
 
 class Client:
+    """One kept connection to the server."""
+
     def __init__(self, server):
-        self.base, self.ca, self.log, self.proc = server
+        self.base, self.ca = server.url, server.ca
         self.s = requests.Session()
 
     def post(self, path, body, content_type="application/json"):
@@ -170,10 +166,9 @@ def review_docs(draw):
 
 
 def assert_no_worker_lost(server) -> None:
-    _, _, log, proc = server
-    text = log.read_text()
+    text = server.log.read_text()
     assert "Traceback" not in text and "WORKER TIMEOUT" not in text and "Worker exiting" not in text
-    assert len(workers(proc.pid)) == 2
+    assert len(workers(server.process.pid)) == 2
 
 
 def test_fuzz_endpoints(server):
@@ -215,43 +210,43 @@ def test_fuzz_raw_bodies(server):
 
 # ---- a worker killed under load ----
 
-def test_worker_killed_under_load(tmp_path):
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--log-level", "warning") as server:
-        base, ca, log, proc = server
-        before = workers(proc.pid)
-        body = json.dumps(review(mutated(CORE, trainjob())))
-        stop, failures, sent = threading.Event(), [], [0]
-        threads_n = 6
+def test_worker_killed_under_load(serve):
+    server = serve("--log-level", "warning")
+    base, ca, proc = server.url, server.ca, server.process
+    before = workers(proc.pid)
+    body = json.dumps(review(mutated(CORE, trainjob())))
+    stop, failures, sent = threading.Event(), [], [0]
+    threads_n = 6
 
-        def load():
-            s = requests.Session()
-            while not stop.is_set():
-                try:
-                    r = s.post(base + "/validate", data=body, headers={"Content-Type": "application/json"},
-                               verify=ca, timeout=15)
-                    if r.status_code != 200 or not r.json()["response"]["allowed"]:
-                        failures.append(r.status_code)
-                except requests.RequestException as e:
-                    failures.append(type(e).__name__)
-                    s = requests.Session()
-                sent[0] += 1
+    def load():
+        s = requests.Session()
+        while not stop.is_set():
+            try:
+                r = s.post(base + "/validate", data=body, headers={"Content-Type": "application/json"},
+                           verify=ca, timeout=15)
+                if r.status_code != 200 or not r.json()["response"]["allowed"]:
+                    failures.append(r.status_code)
+            except requests.RequestException as e:
+                failures.append(type(e).__name__)
+                s = requests.Session()
+            sent[0] += 1
 
-        threads = [threading.Thread(target=load) for _ in range(threads_n)]
-        for t in threads:
-            t.start()
-        time.sleep(2)
-        victim = sorted(before)[0]
-        os.kill(victim, signal.SIGKILL)
-        time.sleep(4)
-        stop.set()
-        for t in threads:
-            t.join(20)
-        after = workers(proc.pid)
-        assert victim not in after and len(after) == 2, "the killed worker was not replaced"
-        # Only requests in flight on the killed worker (one per connection it held) may fail.
-        assert len(failures) <= threads_n, failures
-        assert sent[0] > 100
-        print(f"\nworker kill: {sent[0]} requests, {len(failures)} failed (in flight on the killed worker)")
+    threads = [threading.Thread(target=load) for _ in range(threads_n)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    victim = sorted(before)[0]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(4)
+    stop.set()
+    for t in threads:
+        t.join(20)
+    after = workers(proc.pid)
+    assert victim not in after and len(after) == 2, "the killed worker was not replaced"
+    # Only requests in flight on the killed worker (one per connection it held) may fail.
+    assert len(failures) <= threads_n, failures
+    assert sent[0] > 100
+    print(f"\nworker kill: {sent[0]} requests, {len(failures)} failed (in flight on the killed worker)")
 
 
 # ---- soak ----
@@ -266,7 +261,7 @@ def _rss_kib(pids) -> int:
     return total
 
 
-def test_soak_memory_is_flat(tmp_path):
+def test_soak_memory_is_flat(serve, tmp_path):
     wrk = shutil.which("wrk")
     if wrk is None:  # `make test` installs it; this is for a bare pytest run
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
@@ -277,22 +272,22 @@ def test_soak_memory_is_flat(tmp_path):
     script = tmp_path / "review.lua"
     script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                       f"wrk.body = [==[{json.dumps(review(trainjob()))}]==]\n")
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS,
-                        "--log-level", "warning") as (base, ca, log, proc):
-        done, samples = 0, []
-        warm_rss = None
-        deadline = time.monotonic() + 300
-        while done < target and time.monotonic() < deadline:
-            out = subprocess.run([wrk, "-t2", "-c8", "-d5s", "-s", str(script), base + "/mutate"],
-                                 capture_output=True, text=True, check=True).stdout
-            done += int(re.search(r"(\d+) requests in", out).group(1))
-            assert "Non-2xx" not in out and "Socket errors" not in out, out
-            rss = _rss_kib(workers(proc.pid))
-            samples.append(rss)
-            if warm_rss is None and done >= min(10000, target // 5):
-                warm_rss = rss
-        assert done >= target, f"only {done} reviews in the time allowed"
-        growth = samples[-1] - warm_rss
-        print(f"\nsoak: {done} reviews; worker RSS {warm_rss // 1024} MiB after warm-up, "
-              f"{samples[-1] // 1024} MiB at the end")
-        assert growth < max(8 * 1024, warm_rss // 10), f"RSS grew by {growth} KiB: {samples}"
+    server = serve("--log-level", "warning")
+    base, proc = server.url, server.process
+    done, samples = 0, []
+    warm_rss = None
+    deadline = time.monotonic() + 300
+    while done < target and time.monotonic() < deadline:
+        out = subprocess.run([wrk, "-t2", "-c8", "-d5s", "-s", str(script), base + "/mutate"],
+                             capture_output=True, text=True, check=True).stdout
+        done += int(re.search(r"(\d+) requests in", out).group(1))
+        assert "Non-2xx" not in out and "Socket errors" not in out, out
+        rss = _rss_kib(workers(proc.pid))
+        samples.append(rss)
+        if warm_rss is None and done >= min(10000, target // 5):
+            warm_rss = rss
+    assert done >= target, f"only {done} reviews in the time allowed"
+    growth = samples[-1] - warm_rss
+    print(f"\nsoak: {done} reviews; worker RSS {warm_rss // 1024} MiB after warm-up, "
+          f"{samples[-1] // 1024} MiB at the end")
+    assert growth < max(8 * 1024, warm_rss // 10), f"RSS grew by {growth} KiB: {samples}"

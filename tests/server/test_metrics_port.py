@@ -20,12 +20,9 @@ import pytest
 import requests
 
 from tests.fake_api import FakeAPI
-from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import free_port, webhook_server
+from tests.helpers import review, trainjob
+from tests.process import RUNTIME_ARGS
 from webhook.serving.worker import METRICS_WAITING
-
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 
 
 def large_review() -> bytes:
@@ -43,17 +40,15 @@ def api():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, api):
-    tmp = tmp_path_factory.mktemp("metrics-port")
-    port = free_port()
-    with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--workers", "1", "--kubeconfig",
-                        api.kubeconfig(tmp / "kubeconfig"), "--metrics-bind", f"127.0.0.1:{port}", "--metrics-auth",
-                        "--log-level", "warning") as (base, ca, log, proc):
-        yield base, ca, f"https://127.0.0.1:{port}"
+def server(serve_module, tmp_path_factory, api):
+    # the stock runtimes as files, and the fake API server for the token reviews
+    kubeconfig = api.kubeconfig(tmp_path_factory.mktemp("metrics-port") / "kubeconfig")
+    return serve_module(*RUNTIME_ARGS, "--workers", "1", "--metrics-auth", "--log-level", "warning",
+                        kubeconfig=kubeconfig, metrics=True)
 
 
 def test_scrapes_held_by_the_api_server_never_hold_reviews(server, api):
-    base, ca, metrics_url = server
+    base, ca, metrics_url = server.url, server.ca, server.metrics_url
 
     def scrape(token: str) -> tuple[int, float]:
         t = time.monotonic()

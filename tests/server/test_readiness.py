@@ -4,8 +4,8 @@ list and watch), judged at scrape time by the core's runtime rules with the sett
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.fake_api import Script, StopReflector
 from tests.helpers import ROUTE1, ROUTE2, runtime, settings
-from tests.server.test_reflector import Script, StopReflector
 from webhook.core.rules import runtime_facts
 from webhook.kube.cluster import ClusterRuntimes, Reflector
 from webhook.kube.store import StoreReader, StoreWriter

@@ -1,5 +1,6 @@
 """The watch cache's list/watch/relist logic, driven by recorded event streams (no API server)."""
 
+from tests.fake_api import Script, StopReflector
 from webhook.core.runtimes import RuntimeIndex
 from webhook.kube.cluster import Backoff, Gone, Reflector
 
@@ -8,31 +9,6 @@ KIND = "ClusterTrainingRuntime"
 
 def rt(name, rv):
     return {"kind": KIND, "metadata": {"name": name, "resourceVersion": str(rv)}}
-
-
-class Script:
-    """Plays recorded list answers and watch streams in order, recording what was asked."""
-
-    def __init__(self, lists, watches):
-        self.lists, self.watches, self.calls, self.sleeps = list(lists), list(watches), [], []
-
-    def list(self, kind):
-        self.calls.append(("list",))
-        answer = self.lists.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def watch(self, kind, version):
-        self.calls.append(("watch", version))
-        stream = self.watches.pop(0) if self.watches else StopReflector()
-        if isinstance(stream, Exception):
-            raise stream
-        yield from stream
-
-
-class StopReflector(Exception):
-    pass
 
 
 def reflector(script, index=None):

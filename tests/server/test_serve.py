@@ -4,15 +4,10 @@ readiness and metrics, warn mode and /runtimes, and gunicorn's own configuration
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import os
-import re
 import socket
-import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,13 +18,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.helpers import EXAMPLES, review, runtime, trainjob
-from tests.process import ROOT, free_port, stop, webhook_server
-from tests.unit.test_certs import rotate_serving
+from tests.helpers import eventually, metric_series, review, runtime, trainjob
+from tests.tls import read_response, rotate_serving, tls_socket
 from webhook import certs
 
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 BODY = json.dumps(review(trainjob())).encode()
 
 
@@ -44,56 +36,10 @@ def get(url: str, timeout: float = 5) -> tuple[int, str]:
         return 0, repr(e)
 
 
-def samples(text: str, name: str) -> list[tuple[dict, float]]:
-    """The samples of one metric in a Prometheus text exposition, labels parsed."""
-    found = []
-    for labels, value in re.findall(r"^" + name + r"\{(.*)\} (\S+)$", text, re.M):
-        found.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
-    return found
-
-
-def wait_for(check, timeout: float = 15):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
-def ops(tmp_path_factory):
+def ops(serve_module):
     """A server with its metrics on a port of their own."""
-    tmp = tmp_path_factory.mktemp("ops")
-    metrics_port = free_port()
-    with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--metrics-bind",
-                        f"127.0.0.1:{metrics_port}", "--runtime-metric-labels") as (base, ca, log, proc):
-        yield base, ca, log, proc, f"http://127.0.0.1:{metrics_port}"
-
-
-def tls_socket(base: str, ca: str) -> ssl.SSLSocket:
-    port = int(base.rsplit(":", 1)[1])
-    ctx = ssl.create_default_context(cafile=ca)
-    return ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
-
-
-def read_response(sock: ssl.SSLSocket, buffered: bytearray) -> tuple[int, dict, bytes]:
-    """One HTTP/1.1 response with a Content-Length, from `buffered` and then the socket."""
-    while b"\r\n\r\n" not in buffered:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed before a response"
-        buffered += chunk
-    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    code = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside a body"
-        rest += chunk
-    buffered[:] = rest[length:]
-    return code, headers, rest[:length]
+    return serve_module("--runtime-metric-labels", metrics=True)
 
 
 def request_bytes(path=b"/mutate", body=BODY, extra=b"") -> bytes:
@@ -104,7 +50,7 @@ def request_bytes(path=b"/mutate", body=BODY, extra=b"") -> bytes:
 # ---- the worker's HTTP handling ----
 
 def test_pipelined_requests_are_answered_in_order(ops):
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     with tls_socket(base, ca) as s:
         s.sendall(request_bytes() + request_bytes(b"/validate") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         buffered = bytearray()
@@ -118,7 +64,7 @@ def test_pipelined_requests_are_answered_in_order(ops):
 def test_expect_100_continue_is_not_honoured(ops):
     """No 100 Continue (the API server never asks for one): a client that sends its body anyway, as
     clients do after a short wait, gets its answer, and nothing before it."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     with tls_socket(base, ca) as s:
         s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(BODY))
@@ -134,7 +80,7 @@ def test_expect_100_continue_is_not_honoured(ops):
 def test_expect_100_continue_over_the_limit_is_413_without_the_body(ops):
     """The client waiting to be told to continue is told 413 instead, and the connection closed (it will
     not send the body)."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     with tls_socket(base, ca) as s:
         s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
                   b"Content-Length: %d\r\n\r\n" % (8 * 1024 * 1024))
@@ -178,7 +124,7 @@ def test_request_limits_and_bad_framing(ops, raw, code):
     """gunicorn's limit_request_line/fields/field_size hold (414, 431), a head over 64 KiB is 431, bad
     framing is 400 and a body sent with Transfer-Encoding 411; each answered in JSON, then the connection
     is closed."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     with tls_socket(base, ca) as s:
         s.sendall(raw)
         buffered = bytearray()
@@ -191,7 +137,7 @@ def test_request_limits_and_bad_framing(ops, raw, code):
 def test_requests_split_anywhere_and_pipelined_are_read_exactly(ops):
     """Where one request ends and the next begins is exact whatever the reads: two reviews and a GET,
     with blank lines before one (RFC 9112 2.2), sent a few bytes per TLS record, each answered in order."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     stream = request_bytes() + b"\r\n" + request_bytes(b"/validate") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     with tls_socket(base, ca) as s:
         for i in range(0, len(stream), 7):
@@ -207,7 +153,7 @@ def test_requests_split_anywhere_and_pipelined_are_read_exactly(ops):
 def test_an_upgrade_is_not_honoured(ops):
     """A request asking for another protocol is answered in HTTP/1.1, then the connection closed: what
     follows it is not read."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     with tls_socket(base, ca) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n"
                   + request_bytes())
@@ -219,8 +165,7 @@ def test_an_upgrade_is_not_honoured(ops):
 def test_junk_is_refused_at_once_not_at_the_deadline(ops):
     """A TLS ClientHello sent to the plain metrics listener is not an HTTP request: 400 at its first
     byte, not a wait for the request deadline or 64 KiB."""
-    *_, metrics = ops
-    port = int(metrics.rsplit(":", 1)[1])
+    port = int(ops.metrics_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         started = time.monotonic()
         s.sendall(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03")
@@ -231,7 +176,7 @@ def test_junk_is_refused_at_once_not_at_the_deadline(ops):
 def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
     """The app answers 413 as soon as the limit is passed; the rest is read and dropped, so the client
     reads the answer and the connection serves the next request."""
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     big = b"x" * (8 * 1024 * 1024)
     with tls_socket(base, ca) as s:
         s.sendall(request_bytes(body=big) + request_bytes())
@@ -245,12 +190,13 @@ def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(ops):
 # ---- the metrics port ----
 
 def test_metrics_on_a_port_of_their_own(ops):
-    base, ca, log, proc, metrics_url = ops
-    requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca, timeout=10)
+    base, ca, metrics_url = ops.url, ops.ca, ops.metrics_url
+    ops.post("/mutate", BODY)
     # Counted just after the answer is written: polled.
     counted = 'dispatch_admission_reviews_total{endpoint="mutate",outcome="allowed",sentinel=""}'
-    got = wait_for(lambda: (lambda answer: counted in answer[1] and answer)(get(metrics_url + "/metrics")))
-    assert got and got[0] == 200, f"{counted} not in /metrics"
+    got = eventually(lambda: (lambda answer: counted in answer[1] and answer)(get(metrics_url + "/metrics")),
+                     f"{counted} in /metrics", 15)
+    assert got[0] == 200
     # The probes' paths are there too (the kubelet has no client certificate for the TLS port)...
     assert get(metrics_url + "/healthz") == (200, '{"status":"ok"}')
     assert get(metrics_url + "/readyz")[0] == 200
@@ -268,24 +214,24 @@ def test_metrics_on_a_port_of_their_own(ops):
 
 
 def test_certificate_and_runtime_metrics(ops):
-    base, ca, log, proc, metrics_url = ops
-    text = get(metrics_url + "/metrics")[1]
+    ca = ops.ca
+    text = get(ops.metrics_url + "/metrics")[1]
     cert_dir = ca.rsplit("/", 1)[0]
     serving = x509.load_pem_x509_certificate(open(f"{cert_dir}/tls.crt", "rb").read())
     authority = x509.load_pem_x509_certificate(open(ca, "rb").read())
 
-    expiry = samples(text, "dispatch_admission_certificate_not_after_seconds")
+    expiry = metric_series(text, "dispatch_admission_certificate_not_after_seconds")
     assert sorted((labels["certificate"], value) for labels, value in expiry) == [
         ("ca", authority.not_valid_after_utc.timestamp()), ("serving", serving.not_valid_after_utc.timestamp())]
     # One series per runtime (not one per worker): the stock runtimes, each judged by the rules.
     ready = [(tuple(sorted(labels.items())), value)
-             for labels, value in samples(text, "dispatch_admission_runtime_ready")]
+             for labels, value in metric_series(text, "dispatch_admission_runtime_ready")]
     assert len(ready) == len({k for k, _ in ready})
     assert ((("kind", "ClusterTrainingRuntime"), ("name", "torch-distributed"), ("namespace", "")), 1.0) in ready
-    unfit = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtimes_cannot_carry")}
+    unfit = {labels["kind"]: value for labels, value in metric_series(text, "dispatch_admission_runtimes_cannot_carry")}
     assert unfit["ClusterTrainingRuntime"] == sum(1 for labels, v in ready if v == 0.0
                                                   and dict(labels)["kind"] == "ClusterTrainingRuntime")
-    synced = {labels["kind"]: value for labels, value in samples(text, "dispatch_admission_runtime_cache_synced")}
+    synced = {labels["kind"]: value for labels, value in metric_series(text, "dispatch_admission_runtime_cache_synced")}
     assert synced == {"ClusterTrainingRuntime": 1.0, "TrainingRuntime": 1.0}
 
 
@@ -306,57 +252,38 @@ def _expired_pair(cert_dir):
     certs.write_file(cert_dir / "tls.crt", certs.pem_cert(cert), False)
 
 
-@contextlib.contextmanager
-def serving_with_ops_port(tmp, cert_dir, metrics_port, *args):
-    """serve, waited for on its plain-HTTP port (the TLS port's certificate may not verify)."""
-    log = tmp / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webhook", "serve", "--settings", SETTINGS, *RUNTIME_ARGS,
-                                 "--cert-dir", str(cert_dir), "--bind", f"127.0.0.1:{free_port()}",
-                                 "--metrics-bind", f"127.0.0.1:{metrics_port}", *args],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert wait_for(lambda: get(f"http://127.0.0.1:{metrics_port}/healthz")[0] == 200, 30), log.read_text()[-3000:]
-        yield log
-    finally:
-        stop(proc)
-
-
-def test_readyz_fails_while_the_certificate_is_expired(tmp_path):
+def test_readyz_fails_while_the_certificate_is_expired(serve, tmp_path):
     cert_dir = tmp_path / "certs"
     _expired_pair(cert_dir)
-    metrics_port = free_port()
-    url = f"http://127.0.0.1:{metrics_port}/readyz"
-    with serving_with_ops_port(tmp_path, cert_dir, metrics_port):
-        code, body = get(url)
-        assert code == 503 and json.loads(body)["checks"] == {"settings": True, "certificate": False, "runtimes": True}
-        rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
-        assert wait_for(lambda: get(url)[0] == 200), "a renewed certificate makes it ready again"
+    # waited for on its plain-HTTP port: the TLS port's certificate does not verify
+    hook = serve(cert_dir=cert_dir, metrics=True, ready_on_metrics=True, ready_path="/healthz")
+    url = hook.metrics_url + "/readyz"
+    code, body = get(url)
+    assert code == 503 and json.loads(body)["checks"] == {"settings": True, "certificate": False, "runtimes": True}
+    rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
+    eventually(lambda: get(url)[0] == 200, "a renewed certificate makes it ready again", 15, 0.2)
 
 
 # ---- warn mode and /runtimes ----
 
-def test_warn_mode_counts_and_logs_what_enforce_would_deny(tmp_path):
-    metrics_port = free_port()
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "--enforcement", "warn",
-                        "--metrics-bind", f"127.0.0.1:{metrics_port}") as (base, ca, log, proc):
-        doc = review(trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]), uid="warned-1")
-        got = requests.post(base + "/validate", json=doc, verify=ca, timeout=10).json()["response"]
-        assert got["allowed"] is True and any(w.startswith("would deny: ") for w in got["warnings"])
-        # Counted once the answer is written (the accounting follows the response): polled, not read once.
-        counted = wait_for(lambda: samples(get(f"http://127.0.0.1:{metrics_port}/metrics")[1],
-                                           "dispatch_admission_would_deny_total"))
-        assert counted and all(value == 1 for _, value in counted)
-        line = wait_for(lambda: next((json.loads(ln) for ln in log.read_text().splitlines()
-                                      if '"warned-1"' in ln), None))
-        assert line and line["allowed"] is True
-        assert sorted((w["sentinel"], w["rule"]) for w in line["would_deny"]) == sorted(
-            (labels["sentinel"], labels["rule"]) for labels, _ in counted)
+def test_warn_mode_counts_and_logs_what_enforce_would_deny(serve):
+    hook = serve("--enforcement", "warn", metrics=True)
+    doc = review(trainjob(env=[{"name": "DISPATCH_X", "value": "1"}]), uid="warned-1")
+    got = hook.review(doc, "validate")
+    assert got["allowed"] is True and any(w.startswith("would deny: ") for w in got["warnings"])
+    # Counted once the answer is written (the accounting follows the response): polled, not read once.
+    counted = eventually(lambda: metric_series(hook.metrics(), "dispatch_admission_would_deny_total"),
+                         "dispatch_admission_would_deny_total counted", 15)
+    assert all(value == 1 for _, value in counted)
+    line = eventually(lambda: next((json.loads(ln) for ln in hook.log.read_text().splitlines()
+                                    if '"warned-1"' in ln), None), "the review logged", 15)
+    assert line["allowed"] is True
+    assert sorted((w["sentinel"], w["rule"]) for w in line["would_deny"]) == sorted(
+        (labels["sentinel"], labels["rule"]) for labels, _ in counted)
 
 
 def test_runtimes_path_warns_and_allows(ops):
-    base, ca, *_ = ops
+    base, ca = ops.url, ops.ca
     broken = runtime("no-node", jobs={"trainer": {"containers": [{"name": "main"}]}})
     doc = review(broken, resource="clustertrainingruntimes")
     doc["request"]["kind"] = {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "ClusterTrainingRuntime"}
@@ -377,34 +304,28 @@ def _workers(pid: int) -> int:
     return len(subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split())
 
 
-def test_gunicorn_configuration_file_and_environment(tmp_path):
+def test_gunicorn_configuration_file_and_environment(serve, tmp_path):
     """Precedence: serve's flags, then GUNICORN_CMD_ARGS, then -c FILE, then the webhook's defaults; the
     worker class and TLS settings stay serve's."""
     config = tmp_path / "gunicorn.conf.py"
     config.write_text("threads = 3\nkeepalive = 120\nworkers = 3\nworker_class = 'sync'\n")
-    env = {"GUNICORN_CMD_ARGS": "--keep-alive 90 --workers 4"}
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, "-c", str(config), "--workers", "1",
-                        env=env) as (base, ca, log, proc):
-        started = _started_line(log)
-        assert (started["threads"], started["keepalive"], started["workers"]) == (3, 90, 1)
-        assert wait_for(lambda: _workers(proc.pid) == 1)
-        assert "Using worker: webhook.serving.worker.Worker" in log.read_text()
-        assert "worker_class='sync' ignored" in log.read_text()
-        r = requests.post(base + "/mutate", data=BODY, headers={"Content-Type": "application/json"}, verify=ca,
-                          timeout=10)
-        assert r.json()["response"]["allowed"] is True
-    with webhook_server(tmp_path / "b", "--settings", SETTINGS, *RUNTIME_ARGS,
-                        env={"GUNICORN_CMD_ARGS": f"--config {config} --threads 2"}) as (base, ca, log, proc):
-        started = _started_line(log)
-        assert (started["threads"], started["keepalive"], started["workers"]) == (2, 120, 3)
+    hook = serve("-c", str(config), "--workers", "1", env={"GUNICORN_CMD_ARGS": "--keep-alive 90 --workers 4"})
+    started = _started_line(hook.log)
+    assert (started["threads"], started["keepalive"], started["workers"]) == (3, 90, 1)
+    eventually(lambda: _workers(hook.process.pid) == 1, "one worker", 15, 0.2)
+    assert hook.logged("Using worker: webhook.serving.worker.Worker")
+    assert hook.logged("worker_class='sync' ignored")
+    assert hook.review(json.loads(BODY))["allowed"] is True
+    hook = serve(env={"GUNICORN_CMD_ARGS": f"--config {config} --threads 2"})
+    started = _started_line(hook.log)
+    assert (started["threads"], started["keepalive"], started["workers"]) == (2, 120, 3)
 
 
-def test_read_timeout_is_configurable(tmp_path):
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS,
-                        "--read-timeout", "1") as (base, ca, log, proc):
-        with tls_socket(base, ca) as s:
-            s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
-            started = time.monotonic()
-            s.settimeout(10)
-            assert s.recv(1) == b""
-            assert 0.9 <= time.monotonic() - started < 5
+def test_read_timeout_is_configurable(serve):
+    hook = serve("--read-timeout", "1")
+    with tls_socket(hook.url, hook.ca) as s:
+        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        s.settimeout(10)
+        assert s.recv(1) == b""
+        assert 0.9 <= time.monotonic() - started < 5

@@ -11,31 +11,21 @@ import time
 
 import pytest
 import requests
+import yaml
 
-from tests.helpers import EXAMPLES, ROOT, review, trainjob
-from tests.process import eventually, webhook_server
-from tests.unit.test_certs import rotate_serving
+from tests.helpers import ROOT, eventually, review, trainjob
+from tests.process import RUNTIME_ARGS, SETTINGS, free_port
+from tests.tls import handshake, rotate_serving
 from webhook import certs
-
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("server")
-    with webhook_server(tmp, "--settings", SETTINGS, *RUNTIME_ARGS, "--max-body", str(1024 * 1024)) as s:
-        yield s
-
-
-def post(server, path, body, content_type="application/json", **kw):
-    base, ca, _, _ = server
-    data = json.dumps(body) if isinstance(body, (dict, list)) else body
-    return requests.post(base + path, data=data, headers={"Content-Type": content_type}, verify=ca, timeout=10, **kw)
+def server(serve_module):
+    return serve_module("--max-body", str(1024 * 1024))
 
 
 def cli_review(doc, validate=False):
-    args = [sys.executable, "-m", "webhook", "review", "--settings", SETTINGS, *RUNTIME_ARGS]
+    args = [sys.executable, "-m", "webhook", "review", "--settings", str(SETTINGS), *RUNTIME_ARGS]
     if validate:
         args.append("--validate")
     out = subprocess.run(args, input=json.dumps(doc), capture_output=True, text=True, check=True, cwd=ROOT)
@@ -67,13 +57,13 @@ CASES = [
 @pytest.mark.parametrize("endpoint", ["mutate", "validate"])
 def test_answers_match_the_cli(server, job, endpoint):
     doc = review(job)
-    got = post(server, f"/{endpoint}", doc)
+    got = server.post(f"/{endpoint}", doc)
     assert got.status_code == 200 and got.headers["Content-Type"] == "application/json"
     assert without_time(got.json()) == without_time(cli_review(doc, validate=endpoint == "validate"))
 
 
 def test_denial_status_shape(server):
-    got = post(server, "/mutate", review(trainjob(runtime_name="missing"), uid="u-404")).json()["response"]
+    got = server.review(review(trainjob(runtime_name="missing"), uid="u-404"))
     assert got["uid"] == "u-404" and got["allowed"] is False
     assert got["status"]["code"] == 404 and got["status"]["reason"] == "NotFound"
 
@@ -91,59 +81,46 @@ def test_denial_status_shape(server):
     (b"x" * (1024 * 1024 + 1), "application/json", 413),
 ])
 def test_request_hygiene(server, body, content_type, code):
-    got = post(server, "/mutate", body, content_type=content_type)
+    got = server.post("/mutate", body, content_type=content_type)
     assert got.status_code == code
     assert got.headers["Content-Type"] == "application/json" and got.json()["code"] == code
 
 
 def test_wrong_method_and_path(server):
-    base, ca, _, _ = server
+    base, ca = server.url, server.ca
     assert requests.get(base + "/mutate", verify=ca, timeout=5).status_code == 405
     assert requests.get(base + "/nope", verify=ca, timeout=5).status_code == 404
 
 
 def test_health_ready_metrics(server):
-    base, ca, _, _ = server
+    base, ca = server.url, server.ca
     assert requests.get(base + "/healthz", verify=ca, timeout=5).json() == {"status": "ok"}
     ready = requests.get(base + "/readyz", verify=ca, timeout=5).json()
     assert ready["ready"] is True and all(ready["checks"].values())
-    post(server, "/validate", review(trainjob()))
+    server.post("/validate", review(trainjob()))
     # Counted just after the answer is written: polled.
     counted = 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}'
-    text = eventually(lambda: (lambda t: counted in t and t)(
-                          requests.get(base + "/metrics", verify=ca, timeout=5).text),
-                      f"{counted} in /metrics")
+    text = eventually(lambda: (lambda t: counted in t and t)(server.metrics()), f"{counted} in /metrics")
     assert "dispatch_admission_review_seconds_bucket" in text
     assert 'dispatch_admission_bad_requests_total{code="415"}' in text
 
 
 def test_one_log_line_per_review(server):
-    _, _, log, _ = server
-    post(server, "/mutate", review(trainjob(), uid="log-me-1"))
-    eventually(lambda: '"log-me-1"' in log.read_text(), "the review was not logged")
+    server.post("/mutate", review(trainjob(), uid="log-me-1"))
+    eventually(lambda: server.logged('"log-me-1"'), "the review was not logged")
     time.sleep(0.3)  # and no second line comes
-    lines = [json.loads(ln) for ln in log.read_text().splitlines() if '"log-me-1"' in ln]
+    lines = [json.loads(ln) for ln in server.log.read_text().splitlines() if '"log-me-1"' in ln]
     assert len(lines) == 1
     assert {"uid", "namespace", "name", "operation", "allowed", "sentinel", "ms"} <= set(lines[0])
 
 
 def test_plain_http_is_refused(server):
-    base, _, _, _ = server
     with pytest.raises(requests.exceptions.ConnectionError):
-        requests.post(base.replace("https", "http") + "/mutate", data="{}", timeout=5)
+        requests.post(server.url.replace("https", "http") + "/mutate", data="{}", timeout=5)
 
 
 def _handshake(server, maximum):
-    base, ca, _, _ = server
-    port = int(base.rsplit(":", 1)[1])
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.load_verify_locations(ca)
-    ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
-    ctx.maximum_version = maximum
-    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            return tls.version()
+    return handshake(server.url, server.ca, maximum, "DEFAULT:@SECLEVEL=0", minimum=ssl.TLSVersion.MINIMUM_SUPPORTED)
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
@@ -163,8 +140,9 @@ def test_invalid_settings_stop_the_server(tmp_path):
 
 
 def test_missing_certificate_stops_the_server(tmp_path):
-    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", SETTINGS, "--cert-dir", str(tmp_path),
-                          "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    got = subprocess.run([sys.executable, "-m", "webhook", "serve", "--settings", str(SETTINGS), "--cert-dir",
+                          str(tmp_path), "--bind", "127.0.0.1:0", *RUNTIME_ARGS], capture_output=True, text=True,
+                         timeout=30, cwd=ROOT)
     assert got.returncode != 0 and "certificate" in got.stderr
 
 
@@ -177,54 +155,48 @@ def _served_serial(base, ca):
             return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
 
 
-def test_certificate_rotation_without_failed_requests(tmp_path):
+def test_certificate_rotation_without_failed_requests(serve, tmp_path):
     cert_dir = tmp_path / "certs"
     certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
-    with webhook_server(tmp_path, "--settings", SETTINGS, *RUNTIME_ARGS, cert_dir=cert_dir) as (base, ca, _, _):
-        before = _served_serial(base, ca)
-        failures, sent = [], [0]
-        stop = threading.Event()
-        body = json.dumps(review(trainjob()))
+    hook = serve(cert_dir=cert_dir)
+    base, ca = hook.url, hook.ca
+    before = _served_serial(base, ca)
+    failures, sent = [], [0]
+    stop = threading.Event()
+    body = json.dumps(review(trainjob()))
 
-        def load():
-            s = requests.Session()  # keep-alive, and new connections as the server recycles them
-            while not stop.is_set():
-                try:
-                    r = s.post(base + "/mutate", data=body, headers={"Content-Type": "application/json"},
-                               verify=ca, timeout=10)
-                    if r.status_code != 200:
-                        failures.append(r.status_code)
-                except Exception as e:  # any failed request fails the test
-                    failures.append(repr(e))
-                sent[0] += 1
-                s.close() if sent[0] % 5 == 0 else None
+    def load():
+        s = requests.Session()  # keep-alive, and new connections as the server recycles them
+        while not stop.is_set():
+            try:
+                r = s.post(base + "/mutate", data=body, headers={"Content-Type": "application/json"},
+                           verify=ca, timeout=10)
+                if r.status_code != 200:
+                    failures.append(r.status_code)
+            except Exception as e:  # any failed request fails the test
+                failures.append(repr(e))
+            sent[0] += 1
+            s.close() if sent[0] % 5 == 0 else None
 
-        threads = [threading.Thread(target=load) for _ in range(4)]
-        for t in threads:
-            t.start()
-        time.sleep(1)
-        for _ in range(3):
-            rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
-            time.sleep(1.5)
-        deadline = time.monotonic() + 10
-        after = _served_serial(base, ca)
-        while after == before and time.monotonic() < deadline:
-            time.sleep(0.5)
-            after = _served_serial(base, ca)
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    for _ in range(3):
+        rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
+        time.sleep(1.5)
+    try:
+        eventually(lambda: _served_serial(base, ca) != before, "the renewed certificate served", 10, 0.5)
+    finally:
         stop.set()
         for t in threads:
             t.join(15)
-        assert after != before, "the renewed certificate was not served"
-        assert failures == [] and sent[0] > 20
+    assert failures == [] and sent[0] > 20
 
 
-def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(tmp_path):
+def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(serve, tmp_path):
     """With the API server unreachable the watch never completes its first list: /readyz is 503 and a
     review answers ErrUnavailable (503), never ErrNotFound and never an allowed admission."""
-    import yaml
-
-    from tests.process import free_port
-
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
@@ -232,41 +204,30 @@ def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(tmp_path):
                                                      "insecure-skip-tls-verify": True}}],
         "users": [{"name": "u", "user": {"token": "x"}}],
         "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
-    with webhook_server(tmp_path, "--settings", SETTINGS, "--kubeconfig", str(kubeconfig),
-                        ready_path="/healthz") as s:
-        base, ca, _, _ = s
-        ready = requests.get(base + "/readyz", verify=ca, timeout=5)
-        assert ready.status_code == 503 and ready.json()["checks"]["runtimes"] is False
-        got = post(s, "/mutate", review(trainjob())).json()["response"]
-        assert got["allowed"] is False and got["status"]["code"] == 503
-        assert got["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
-        # The keeper, a process of its own forked beside the workers, writes these: polled, not read once.
-        synced = ('dispatch_admission_runtime_cache_synced{kind="ClusterTrainingRuntime"} 0.0',
-                  'dispatch_admission_runtime_cache_synced{kind="TrainingRuntime"} 0.0')
-        deadline = time.monotonic() + 15
-        while not all(line in (text := requests.get(base + "/metrics", verify=ca, timeout=5).text) for line in synced):
-            assert time.monotonic() < deadline, text
-            time.sleep(0.1)
+    s = serve(kubeconfig=str(kubeconfig), ready_path="/healthz")
+    ready = requests.get(s.url + "/readyz", verify=s.ca, timeout=5)
+    assert ready.status_code == 503 and ready.json()["checks"]["runtimes"] is False
+    got = s.review(review(trainjob()))
+    assert got["allowed"] is False and got["status"]["code"] == 503
+    assert got["status"]["message"].startswith("ErrUnavailable: spec.runtimeRef: ")
+    # The keeper, a process of its own forked beside the workers, writes these: polled, not read once.
+    synced = ('dispatch_admission_runtime_cache_synced{kind="ClusterTrainingRuntime"} 0.0',
+              'dispatch_admission_runtime_cache_synced{kind="TrainingRuntime"} 0.0')
+    eventually(lambda: all(line in s.metrics() for line in synced), f"{synced} in /metrics", 15)
 
 
-def test_metrics_directory_made_and_cleaned_at_start(tmp_path):
+def test_metrics_directory_made_and_cleaned_at_start(serve, tmp_path):
     """The chart points PROMETHEUS_MULTIPROC_DIR at a path in an emptyDir: made if absent, stale files dropped."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     stale = metrics_dir / "counter_99999.db"
     stale.write_bytes(b"stale")
-    with webhook_server(tmp_path / "a", "--settings", SETTINGS, *RUNTIME_ARGS,
-                        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}) as s:
-        assert not stale.exists()
-        post(s, "/mutate", review(trainjob()))
-        base, ca, _, _ = s
-        # Counted in the review's close(), just after its answer is written: polled, not read once
-        deadline = time.monotonic() + 15
-        while "dispatch_admission_reviews_total" not in requests.get(base + "/metrics", verify=ca, timeout=5).text:
-            assert time.monotonic() < deadline, "the review was never counted"
-            time.sleep(0.1)
+    s = serve(env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    assert not stale.exists()
+    s.post("/mutate", review(trainjob()))
+    # Counted in the review's close(), just after its answer is written: polled, not read once
+    eventually(lambda: "dispatch_admission_reviews_total" in s.metrics(), "the review was never counted", 15)
     fresh = tmp_path / "not" / "yet" / "there"
-    with webhook_server(tmp_path / "b", "--settings", SETTINGS, *RUNTIME_ARGS,
-                        env={"PROMETHEUS_MULTIPROC_DIR": str(fresh)}) as s:
-        post(s, "/mutate", review(trainjob()))
-        assert fresh.is_dir() and any(fresh.glob("*.db"))
+    s = serve(env={"PROMETHEUS_MULTIPROC_DIR": str(fresh)})
+    s.post("/mutate", review(trainjob()))
+    assert fresh.is_dir() and any(fresh.glob("*.db"))

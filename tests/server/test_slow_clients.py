@@ -19,14 +19,10 @@ import statistics
 import threading
 import time
 
-import pytest
 import requests
 
-from tests.helpers import EXAMPLES, review, trainjob
-from tests.process import webhook_server
+from tests.helpers import review, trainjob
 
-SETTINGS = str(EXAMPLES / "settings" / "route1.json")
-RUNTIME_ARGS = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 DEADLINE = 5.0          # the default of serve --read-timeout (SPEC 7: "default 5")
 STALLED = 256           # SPEC 7
 ROUNDS = 3
@@ -156,16 +152,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with webhook_server(tmp_path_factory.mktemp("slow"), "--settings", SETTINGS, *RUNTIME_ARGS,
-                        "--log-level", "warning") as s:
-        yield s
-
-
-def test_spec_7_stalled_clients_cannot_starve_reviews(server):
-    base, ca, log, proc = server
-    port = int(base.rsplit(":", 1)[1])
+def test_spec_7_stalled_clients_cannot_starve_reviews(serve):
+    server = serve("--log-level", "warning")
+    base, ca, log, port = server.url, server.ca, server.log, server.port
 
     # An API-server-like keep-alive connection, opened before the attack and left idle through it.
     ctx = ssl.create_default_context(cafile=ca)

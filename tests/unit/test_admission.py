@@ -12,6 +12,7 @@ from tests.helpers import (
     ROUTE2,
     admission,
     answer,
+    forged,
     mutated,
     ops_of,
     pod_patch,
@@ -307,7 +308,6 @@ def test_update_that_adds_a_mount_is_checked():
 
 
 def test_forged_entry_on_update_of_running_job_refused():
-    from tests.unit.test_rules import forged
     adm = admission()
     old = trainjob()
     new = trainjob(patches=[forged()])

@@ -2,26 +2,12 @@
 
 import pytest
 
-from tests.bypass import cases
-from tests.helpers import CREDS, MANAGER, ROUTE1, admission, answer, mutated, ops_of, review
-from webhook.core import patch, paths
+from tests.bypass import cases, publish_mounts
+from tests.helpers import CREDS, ROUTE1, admission, answer, mutated, ops_of, review
+from webhook.core import patch
 
 ADM = admission({**ROUTE1, **CREDS})
 CASES = cases(lambda job: mutated(ADM, job))
-
-
-def publish_mounts(job):
-    """Every mount at or under /opt/dispatch (or looking like it) outside the webhook's own entry."""
-    for entry in job["spec"].get("runtimePatches") or []:
-        if entry.get("manager") == MANAGER:
-            continue
-        for rj in entry.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", []):
-            pod = rj["template"]["spec"]["template"]["spec"]
-            for lst in ("containers", "initContainers"):
-                for c in pod.get(lst, []):
-                    for m in c.get("volumeMounts", []):
-                        if paths.under_publish_dir(paths.skeleton(m["mountPath"])):
-                            yield m
 
 
 @pytest.mark.parametrize("name,operation,obj,old,rule", CASES, ids=[c[0] for c in CASES])

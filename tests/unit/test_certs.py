@@ -4,24 +4,14 @@ import datetime as dt
 import os
 import ssl
 import time
-from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
+from tests.tls import rotate_serving
 from webhook import certs
 
 NAMES = certs.service_names("dispatch-admission", "dispatch-system")
-
-
-def rotate_serving(cert_dir: Path, names: list[str], days: int = certs.SERVING_DAYS) -> None:
-    """A new serving pair from the CA already in `cert_dir`, written key first (as a rotation looks)."""
-    ca_key = serialization.load_pem_private_key((cert_dir / "ca.key").read_bytes(), None)
-    ca_cert = x509.load_pem_x509_certificate((cert_dir / "ca.crt").read_bytes())
-    key, cert = certs.make_leaf(ca_key, ca_cert, names, days=days)
-    certs.write_file(cert_dir / "tls.key", certs.pem_key(key), True)
-    certs.write_file(cert_dir / "tls.crt", certs.pem_cert(cert), False)
 
 
 def files(names=NAMES, days=certs.SERVING_DAYS):

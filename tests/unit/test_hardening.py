@@ -10,6 +10,7 @@ from tests.helpers import (
     DIGEST,
     MANAGER,
     ROUTE1,
+    Faulty,
     admission,
     answer,
     fields,
@@ -153,19 +154,6 @@ def test_spec_5_s6_applies_only_with_credentials():
 
 
 # ---- SPEC 4: every reason, once, bounded, with Kubernetes CauseTypes ----
-
-class Faulty:
-    """A runtime source that breaks (a fault of the webhook) or cannot answer now."""
-
-    def __init__(self, exc):
-        self.exc = exc
-
-    def get(self, kind, namespace, name):
-        raise self.exc
-
-    def ready(self):
-        return True
-
 
 @pytest.mark.parametrize("exc,sentinel",
                          [(KeyError("boom"), "ErrInternal"), (RuntimeUnavailable("down"), "ErrUnavailable")])

@@ -14,6 +14,7 @@ from tests.helpers import (
     NOW,
     ROUTE1,
     ROUTE2,
+    Faulty,
     mount_patch,
     mutated,
     pod_patch,
@@ -22,7 +23,6 @@ from tests.helpers import (
     settings,
     trainjob,
 )
-from tests.unit.test_hardening import Faulty
 from webhook import api
 from webhook.commands import audit as audit_cmd
 from webhook.commands.audit import Report

@@ -6,12 +6,12 @@ import yaml
 from tests.helpers import (
     CREDS,
     IMAGE,
-    MANAGER,
     ROUTE1,
     ROUTE2,
     admission,
     answer,
     fields,
+    forged,
     mount_patch,
     pod_patch,
     runtime,
@@ -96,16 +96,6 @@ def test_s3_similar_names_allowed():
 
 
 # ---- S4 ----
-
-def forged(**change):
-    entry = pod_patch(MANAGER, {
-        "volumes": [{"name": "dispatch-publish",
-                     "image": {"reference": "evil/publish:latest", "pullPolicy": "Always"}}],
-        "containers": [{"name": "node", "volumeMounts": [{"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}],
-    })
-    entry.update(change)
-    return entry
-
 
 def test_s4_forged_entry_refused_by_validate():
     st = denied(answer(admission(), trainjob(patches=[forged()]), "validate"), 422, "ErrInvalid")

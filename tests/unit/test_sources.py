@@ -8,8 +8,7 @@ import logging
 
 import pytest
 
-from tests.helpers import EXAMPLES, IMAGE, ROUTE1, answer, mutated, runtime, settings, trainjob
-from tests.unit.test_updates import Clock, Runtimes
+from tests.helpers import EXAMPLES, IMAGE, ROUTE1, Clock, Runtimes, answer, mutated, runtime, settings, trainjob
 from webhook.commands import serve
 from webhook.commands.cli import main
 from webhook.commands.flags import parser

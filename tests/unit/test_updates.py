@@ -18,6 +18,8 @@ from tests.helpers import (
     MANAGER,
     NOW,
     ROUTE1,
+    Clock,
+    Runtimes,
     answer,
     fields,
     mount_patch,
@@ -30,7 +32,7 @@ from tests.helpers import (
 )
 from webhook.core import patch
 from webhook.core.admission import PREVIOUS_SETTINGS_GRACE, Admission
-from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
+from webhook.core.runtimes import RuntimeIndex
 
 KUEUE = "kueue.x-k8s.io/manager"
 OTHER_IMAGE = "registry.example/publish@sha256:" + "c" * 64
@@ -47,24 +49,6 @@ def kueue_entry(filled: bool = False) -> dict:
                 "spec": {"nodeSelector": {"pool": "a"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
                          "schedulingGates": [{"name": "kueue.x-k8s.io/topology"}]}}}}}]}
     return {"manager": KUEUE, "trainingRuntimeSpec": {"template": {"spec": spec}}}
-
-
-class Runtimes:
-    """A runtime source whose runtimes can be edited or deleted between reviews, and that counts reads."""
-
-    def __init__(self, *runtimes: dict, unavailable: bool = False):
-        self.index = RuntimeIndex(list(runtimes))
-        self.unavailable = unavailable
-        self.reads = 0
-
-    def get(self, kind, namespace, name):
-        self.reads += 1
-        if self.unavailable:
-            raise RuntimeUnavailable("the API server cannot be reached")
-        return self.index.get(kind, namespace, name)
-
-    def ready(self) -> bool:
-        return True
 
 
 def torch_rt(**kw) -> dict:
@@ -273,14 +257,6 @@ def test_the_runtime_is_read_only_when_the_update_changes_what_its_rules_read():
 
 
 # ---- SPEC 2.1: settings that change while serving ----
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def entry_from(doc) -> dict:
     return mutated(adm_with(Runtimes(torch_rt()), doc), trainjob())

@@ -11,56 +11,26 @@ import signal
 
 import pytest
 
-from tests.helpers import IMAGE, MANAGER, ROUTE1, ROUTE2
+from tests.helpers import IMAGE, MANAGER
+from tests.verify_fakes import (
+    ENTRY1,
+    ENTRY2,
+    NOT_FOUND,
+    S1,
+    Clock,
+    FakeCluster,
+    cluster_node,
+    event,
+    pod,
+    run,
+    stored,
+)
 from webhook.commands import cli
 from webhook.commands import verify as adapter
 from webhook.core import verify as v
 from webhook.core import verify_report as r
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
-
-S1 = parse(json.dumps(ROUTE1))
-S2 = parse(json.dumps(ROUTE2))
-ENTRY1 = Entry.build(S1, ["node"]).as_dict("2026-11-29T12:00:00Z")
-ENTRY2 = Entry.build(S2, ["node"]).as_dict("2026-11-29T12:00:00Z")
-NOT_FOUND = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
-             'failed: unable to start container process: error during container init: exec: "/opt/dispatch/publish": '
-             'stat /opt/dispatch/publish: no such file or directory: unknown')
-
-
-def stored(entry: dict | None = ENTRY1, suspend=None) -> dict:
-    spec = {"runtimeRef": {"name": "torch"}, "runtimePatches": [entry] if entry else []}
-    if suspend is not None:
-        spec["suspend"] = suspend
-    return {"metadata": {"name": "verify-1", "namespace": "ns"}, "spec": spec}
-
-
-def pod(scheduled=True, node_state=None, node_last=None, init_state=None, route2=False, volume_image=IMAGE,
-        read_only=True, phase="Pending", unschedulable_message=None) -> dict:
-    spec = {"containers": [{"name": "node", "volumeMounts": [
-        {"name": "dispatch-publish", "mountPath": "/opt/dispatch", "readOnly": read_only}]}],
-        "volumes": [{"name": "dispatch-publish", "emptyDir": {}} if route2 else
-                    {"name": "dispatch-publish", "image": {"reference": volume_image}}]}
-    if route2:
-        spec["initContainers"] = [{"name": "dispatch-publish", "volumeMounts": [
-            {"name": "dispatch-publish", "mountPath": "/opt/dispatch"}]}]
-    if scheduled:
-        spec["nodeName"] = "node-a"
-    cond = {"type": "PodScheduled", "status": "True"} if scheduled else {
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable_message}
-    status: dict = {"phase": phase, "conditions": [cond]}
-    if node_state is not None or node_last is not None:
-        status["containerStatuses"] = [{"name": "node", "state": node_state or {}, "lastState": node_last or {}}]
-    if init_state is not None:
-        status["initContainerStatuses"] = [{"name": "dispatch-publish", "state": init_state, "lastState": {}}]
-    return {"metadata": {"name": "verify-1-node-0-0-abcde", "creationTimestamp": "2026-12-01T10:00:00Z"},
-            "spec": spec, "status": status}
-
-
-def event(reason: str, message: str, pod_name="verify-1-node-0-0-abcde") -> dict:
-    return {"reason": reason, "message": message, "involvedObject": {"name": pod_name},
-            "lastTimestamp": "2026-12-01T10:00:05Z"}
-
 
 # ---- the stage ----
 
@@ -210,15 +180,11 @@ def test_per_node_pins_every_job_in_the_entry_of_its_own_manager():
     assert job["spec"]["trainer"]["image"] == "img"
 
 
-def _node(name, ready="True", unschedulable=False, taints=()):
-    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
-            "status": {"conditions": [{"type": "Ready", "status": ready}]}}
-
-
 def test_schedulable_nodes_are_ready_uncordoned_and_their_taints_tolerated():
     gpu = {"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}
-    nodes = [_node("b"), _node("a"), _node("down", ready="False"), _node("cordoned", unschedulable=True),
-             _node("gpu", taints=[gpu]), _node("soft", taints=[{"key": "x", "effect": "PreferNoSchedule"}])]
+    nodes = [cluster_node("b"), cluster_node("a"), cluster_node("down", ready="False"),
+             cluster_node("cordoned", unschedulable=True), cluster_node("gpu", taints=[gpu]),
+             cluster_node("soft", taints=[{"key": "x", "effect": "PreferNoSchedule"}])]
     assert [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, [])] == ["a", "b", "soft"]
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert "gpu" in [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, tol)]
@@ -293,106 +259,11 @@ def test_json_one_object_per_probe_with_its_stages():
 
 # ---- the run, against a fake cluster ----
 
-class FakeApiException(Exception):
-    pass
-
-
-class FakeCluster:
-    """Answers as a cluster would; `script` gives the pods of each poll."""
-
-    def __init__(self, runtime=None, script=None, create_error=None, on_poll=None, secrets=("s3-credentials",),
-                 events=None, nodes=None):
-        self.rt = runtime if runtime is not None else {"spec": {"template": {"spec": {"replicatedJobs": [
-            {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}}]}}}}
-        self.script = list(script or [])
-        self.create_error, self.on_poll = create_error, on_poll
-        self.secrets = set(secrets) if secrets is not None else None  # None: the user may not read them
-        self.script_events = events or []
-        self.node_list = nodes if nodes is not None else [_node("n1")]
-        self.jobs: dict[str, dict] = {}
-        self.deleted: list[str] = []
-        self.dry_runs = 0
-        self.polls = 0
-        self.date = "Wed, 02 Dec 2026 10:00:00 GMT"
-
-    def default_namespace(self, kubeconfig):
-        return "ns"
-
-    def runtime(self, kind, namespace, name):
-        return self.rt if name != "missing" else None
-
-    def nodes(self):
-        return self.node_list
-
-    def create(self, namespace, doc, dry_run=False):
-        if self.create_error:
-            raise self.create_error
-        job = json.loads(json.dumps(doc))
-        job["spec"].setdefault("runtimePatches", []).append(ENTRY1)
-        if dry_run:
-            self.dry_runs += 1
-            return job
-        job["metadata"].update(uid=f"uid-{doc['metadata']['name']}", creationTimestamp="2026-12-02T09:59:00Z")
-        self.jobs[doc["metadata"]["name"]] = job
-        return job
-
-    def probes(self, namespace):
-        return [j for j in self.jobs.values() if v.PROBE_LABEL in j["metadata"].get("labels", {})], self.date
-
-    def secret_exists(self, namespace, name):
-        if self.secrets is None:
-            return None, 'secrets "s3-credentials" is forbidden: User "u" cannot get resource "secrets"'
-        return name in self.secrets, ""
-
-    def trainjob(self, namespace, name):
-        return self.jobs.get(name)
-
-    def pods(self, namespace, name):
-        if name in self.deleted:  # the garbage collector took them with the TrainJob
-            return []
-        self.polls += 1
-        if self.on_poll:
-            self.on_poll(self.polls)
-        return self.script[min(self.polls, len(self.script)) - 1] if self.script else []
-
-    def events(self, namespace, pod):
-        return self.script_events
-
-    def log_tail(self, namespace, pod, container, previous, lines):
-        return "publish ran from /opt/dispatch/publish\n"
-
-    def delete(self, namespace, name, uid):
-        job = self.jobs.get(name)
-        if job is not None and job["metadata"]["uid"] != uid:
-            return False  # the precondition: another object has the name
-        self.deleted.append(name)
-        self.jobs.pop(name, None)
-        return True
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, s):
-        self.t += s
-
-
-def _run(cluster, **kw):
-    out, err, clock = io.StringIO(), io.StringIO(), Clock()
-    opts = adapter.Options(runtime="ClusterTrainingRuntime/torch", **kw)
-    code = adapter.Verify(opts, cluster, out, err, progress=False, clock=clock, sleep=clock.sleep).run()
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_run_ran_reports_and_deletes():
     running = [pod(node_state={"running": {}})]
     done = [pod(node_state={"terminated": {"reason": "Completed", "exitCode": 0}})]
     cluster = FakeCluster(script=[running, running, done])
-    code, out, _ = _run(cluster, settings=S1)
+    code, out, _ = run(cluster, settings=S1)
     assert code == 0, out
     assert "ran, exit code 0" in out and "output: publish ran from" in out
     assert cluster.deleted and not cluster.jobs
@@ -400,7 +271,7 @@ def test_run_ran_reports_and_deletes():
 
 def test_run_times_out_at_scheduled_and_still_deletes():
     cluster = FakeCluster(script=[[pod(scheduled=False, unschedulable_message="0/1 nodes: Insufficient cpu")]])
-    code, out, _ = _run(cluster, timeout=5)
+    code, out, _ = run(cluster, timeout=5)
     assert code == 1
     assert "FAILED at scheduled: not scheduled after 5s: Unschedulable: 0/1 nodes: Insufficient cpu" in out
     assert cluster.deleted and not cluster.jobs
@@ -408,7 +279,7 @@ def test_run_times_out_at_scheduled_and_still_deletes():
 
 def test_keep_leaves_the_probe():
     cluster = FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
-    code, out, _ = _run(cluster, keep=True)
+    code, out, _ = run(cluster, keep=True)
     assert code == 0 and not cluster.deleted and cluster.jobs and "(probes kept: --keep)" in out
 
 
@@ -417,7 +288,7 @@ def test_a_signal_mid_run_deletes_the_probes_and_reports(sig, code):
     cluster = FakeCluster(script=[[pod(node_state={"running": {}})]],
                           on_poll=lambda n: n == 3 and os.kill(os.getpid(), sig))
     before = signal.getsignal(sig)
-    got, out, _ = _run(cluster)
+    got, out, _ = run(cluster)
     assert got == code and cluster.deleted and not cluster.jobs
     assert f"interrupted by {signal.Signals(sig).name}" in out
     assert signal.getsignal(sig) is before, "the handlers are put back"
@@ -425,7 +296,7 @@ def test_a_signal_mid_run_deletes_the_probes_and_reports(sig, code):
 
 def test_per_node_makes_one_pinned_probe_per_node():
     cluster = FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
-    code, out, _ = _run(cluster, per_node=True, output="json")
+    code, out, _ = run(cluster, per_node=True, output="json")
     [probe] = json.loads(out)
     [job_name] = cluster.deleted
     assert probe["name"] == job_name and code == 0
@@ -443,11 +314,11 @@ def test_forbidden_create_is_unusable_and_a_webhook_denial_is_a_probe_answer(mon
     forbidden.body = json.dumps({"message": 'trainjobs.trainer.kubeflow.org is forbidden: User "u" cannot create'})
     cluster = FakeCluster(create_error=forbidden)
     with pytest.raises(adapter.Unusable, match="cannot create TrainJobs in namespace ns: .* is forbidden"):
-        _run(cluster)
+        run(cluster)
     assert cluster.deleted == [], "a create the API server refused made nothing to delete"
     denied = ApiException(status=403, reason="Forbidden")
     denied.body = json.dumps({"message": 'admission webhook "validate.dispatch" denied the request: ErrUnsupported: x'})
-    code, out, _ = _run(FakeCluster(create_error=denied))
+    code, out, _ = run(FakeCluster(create_error=denied))
     assert code == 1 and "FAILED at admitted: admission webhook" in out
 
 
@@ -482,5 +353,5 @@ def test_progress_line_only_when_stdout_is_a_terminal():
     adapter.Verify(adapter.Options(runtime="torch"), cluster, out, err, progress=True, clock=clock,
                    sleep=clock.sleep).run()
     assert "started (running: waiting for it to exit)" in err.getvalue()
-    code, out2, err2 = _run(FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]]))
+    code, out2, err2 = run(FakeCluster(script=[[pod(node_state={"terminated": {"exitCode": 0}})]]))
     assert err2 == ""

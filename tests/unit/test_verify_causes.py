@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import MANAGER
-from tests.unit.test_verify import stored
+from tests.verify_fakes import stored
 from webhook.core import verify as v
 from webhook.core import verify_causes as causes
 from webhook.core.patch import Entry

@@ -1,7 +1,7 @@
 """Issue 35, item 7: verify cleans up after itself. The TTL each probe carries and the decision it drives
 (`core.verify_cleanup`), the deletes with the probe's UID as a precondition, `verify --cleanup` and the sweep
 before a run, the cap on probes per run, and the credentials' Secrets checked before the first probe;
-against the fake cluster of test_verify.py. The real thing: tests/e2e/test_verify.py."""
+against the fake cluster of tests/verify_fakes.py. The real thing: tests/e2e/test_verify.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.unit.test_verify import S1, FakeCluster, _node, _run, pod
+from tests.verify_fakes import S1, FakeCluster, cluster_node, pod, run
 from webhook.commands import cli
 from webhook.commands import verify as adapter
 from webhook.commands import verify_cleanup as cleanup_cmd
@@ -87,11 +87,11 @@ def test_the_cap_names_the_flag_and_what_each_probe_asks_for():
 
 
 def test_per_node_above_the_cap_is_refused_before_anything_is_made():
-    cluster = FakeCluster(nodes=[_node("n1"), _node("n2"), _node("n3")])
+    cluster = FakeCluster(nodes=[cluster_node("n1"), cluster_node("n2"), cluster_node("n3")])
     with pytest.raises(adapter.Unusable, match=r"--per-node would make 3 probes, .* more than --max-probes 2"):
-        _run(cluster, per_node=True, max_probes=2)
+        run(cluster, per_node=True, max_probes=2)
     assert cluster.jobs == {} and cluster.dry_runs == 0
-    code, out, _ = _run(FakeCluster(nodes=[_node("n1"), _node("n2")], script=[[pod(node_state={
+    code, out, _ = run(FakeCluster(nodes=[cluster_node("n1"), cluster_node("n2")], script=[[pod(node_state={
         "terminated": {"exitCode": 0}})]]), per_node=True, max_probes=2)
     assert code == 0 and out.count("ran, exit code 0") == 2
 
@@ -111,7 +111,7 @@ def test_a_probe_replaced_by_someone_elses_object_of_its_name_is_left_alone():
             [name] = cluster.jobs
             cluster.jobs[name] = dict(cluster.jobs[name], metadata=dict(cluster.jobs[name]["metadata"], uid="theirs"))
     cluster = FakeCluster(script=[[pod(node_state={"running": {}})]], on_poll=replace)
-    code, out, err = _run(cluster, timeout=5)
+    code, out, err = run(cluster, timeout=5)
     assert code == 1 and "the probe TrainJob was deleted by someone else" in out
     assert cluster.deleted == [] and [j["metadata"]["uid"] for j in cluster.jobs.values()] == ["theirs"]
     assert err == ""
@@ -126,7 +126,7 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_run_label_and_deleted():
 
     cluster = LostAnswer()
     with pytest.raises(adapter.Unusable, match="cannot create TrainJobs in namespace ns: TimeoutError"):
-        _run(cluster)
+        run(cluster)
     assert len(cluster.deleted) == 1 and cluster.jobs == {}
 
 
@@ -201,7 +201,7 @@ def test_a_run_first_removes_the_expired_probes_of_earlier_runs():
     cluster = seeded(probe("verify-old", created="2026-12-02T08:00:00Z"),
                      probe("verify-live", created="2026-12-02T09:59:00Z"))
     cluster.script = [[pod(node_state={"terminated": {"exitCode": 0}})]]
-    code, out, err = _run(cluster)
+    code, out, err = run(cluster)
     assert code == 0
     assert err == "verify: removed 1 expired probes in namespace ns: verify-old\n"
     assert cluster.deleted[0] == "verify-old" and "verify-live" in cluster.jobs, "a live probe is another run's"
@@ -224,7 +224,7 @@ def test_cli_cleanup_flags(capsys, args, message):
 def test_a_missing_credential_secret_fails_at_once_naming_it_and_the_namespace():
     cluster = FakeCluster(secrets=())
     with pytest.raises(adapter.Unusable) as e:
-        _run(cluster, settings=parse(json.dumps(SETTINGS_WITH_CREDENTIAL)))
+        run(cluster, settings=parse(json.dumps(SETTINGS_WITH_CREDENTIAL)))
     assert str(e.value).startswith("Secret s3-credentials not found in namespace ns: credential checkpoint-store of"
                                    " the webhook's settings mounts it in every TrainJob there")
     assert cluster.jobs == {} and cluster.dry_runs == 0, "no probe made; --settings named the credentials"
@@ -243,15 +243,15 @@ def test_without_settings_the_credentials_are_read_from_a_dry_run_through_the_we
 
     cluster = WithCredential(secrets=())
     with pytest.raises(adapter.Unusable, match="Secret s3-credentials not found in namespace ns"):
-        _run(cluster)
+        run(cluster)
     assert cluster.dry_runs == 1 and cluster.jobs == {}
     cluster = WithCredential(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
-    assert _run(cluster)[0] == 0 and cluster.dry_runs == 1
+    assert run(cluster)[0] == 0 and cluster.dry_runs == 1
 
 
 def test_a_secret_verify_may_not_read_is_said_and_the_run_goes_on():
     cluster = FakeCluster(secrets=None, script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
-    code, _, err = _run(cluster, settings=parse(json.dumps(SETTINGS_WITH_CREDENTIAL)))
+    code, _, err = run(cluster, settings=parse(json.dumps(SETTINGS_WITH_CREDENTIAL)))
     assert code == 0
     assert err.startswith("verify: cannot tell whether Secret s3-credentials (credential checkpoint-store) exists in"
                           " namespace ns: secrets \"s3-credentials\" is forbidden")
@@ -268,5 +268,5 @@ def test_a_user_who_may_not_list_trainjobs_goes_without_the_sweep_unsaid():
             raise PermissionError("trainjobs is forbidden")
 
     cluster = NoList(script=[[pod(node_state={"terminated": {"exitCode": 0}})]])
-    code, _, err = _run(cluster)
+    code, _, err = run(cluster)
     assert code == 0 and err == ""
