@@ -245,13 +245,13 @@ def main() -> int:
         print("## 1. Core cost per review (in-process, best of 7 batches)\n")
         print("\n".join(core_table(0.2 if args.quick else 0.6)) + "\n")
     if not args.skip_server:
-        from webhook.gunicorn_config import DEFAULTS
+        from webhook.serving.gunicorn_config import DEFAULTS
 
         tuned = os.environ.get("GUNICORN_CMD_ARGS")
         shape = (f"GUNICORN_CMD_ARGS={tuned!r}" if tuned
                  else f"{DEFAULTS['workers']} workers, {DEFAULTS['threads']} app threads each")
-        print(f"## 2. Server over TLS (gunicorn, webhook.worker.Worker, {shape}), wrk on the same machine: median of"
-              f" {ROUNDS} alternating {seconds} s runs per app and level\n")
+        print(f"## 2. Server over TLS (gunicorn, webhook.serving.worker.Worker, {shape}), wrk on the same machine:"
+              f" median of {ROUNDS} alternating {seconds} s runs per app and level\n")
         print("\n".join(server_table(seconds, [int(n) for n in args.levels.split(",")])) + "\n")
     if not args.skip_api:
         print("## 3. Kubernetes API calls per review in steady state (runtime watch cache)\n")

@@ -1,6 +1,6 @@
 """The benchmark's baseline: a WSGI app that parses the AdmissionReview and answers `allowed`, with no
 other work, served by gunicorn with exactly the webhook's worker, settings and TLS
-(webhook.server.gunicorn_application). The webhook answers its review paths before Flask's request
+(webhook.serving.application). The webhook answers its review paths before Flask's request
 machinery, so the baseline does not go through Flask either: the ratio is the cost of the review itself
 (rules, metrics, the log line) over the same serving path. Our figures are read as ratios against it,
 measured in the same run, because absolute numbers on a shared 2-core machine drift. With `--patch FILE`
@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson  # as the webhook reads and writes JSON: the floor is not slower than it needs to be
 
 from webhook import certs
-from webhook.server import gunicorn_application
+from webhook.serving.application import Listening, gunicorn_application
 
 JSON = [("Content-Type", "application/json")]
 
@@ -52,8 +52,8 @@ def main() -> None:
     patch = Path(args.patch).read_bytes() if args.patch else None
     certfile, keyfile = str(Path(args.cert_dir) / "tls.crt"), str(Path(args.cert_dir) / "tls.key")
     tls = certs.ReloadingContext(certfile, keyfile)
-    gunicorn_application(lambda: create_app(patch), bind=args.bind, workers=args.workers, certfile=certfile,
-                         keyfile=keyfile, tls=tls).run()
+    listening = Listening(certfile, keyfile, bind=args.bind, workers=args.workers)
+    gunicorn_application(lambda: create_app(patch), listening, tls=tls).run()
 
 
 if __name__ == "__main__":

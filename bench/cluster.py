@@ -177,8 +177,8 @@ def floors(stack: contextlib.ExitStack, cluster, tmp: Path, custom, n: int, leve
     one validating), for what it adds to a create."""
     from tests.process import free_port, wait_https
     from webhook import certs
+    from webhook.commands.files import load_runtimes, load_settings
     from webhook.core.admission import MUTATE, Admission
-    from webhook.files import load_runtimes, load_settings
 
     levels = [level for level in levels if level <= FLOOR_LEVEL_MAX]
     if not levels:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson  # noqa: E402
 
 from tests.helpers import ROUTE1, review, settings, stock_runtimes, trainjob  # noqa: E402
-from webhook import server  # noqa: E402
 from webhook.core.admission import MUTATE, Admission  # noqa: E402
+from webhook.serving import codec  # noqa: E402
 
 
 def main() -> int:
@@ -53,11 +53,11 @@ def main() -> int:
 
     def one() -> tuple[int, int]:
         started = time.perf_counter_ns()
-        doc = server._loads(body)
+        doc = codec.loads(body)
         decoded = time.perf_counter_ns()
         answer, _ = admission.review(doc, MUTATE)
         reviewed = time.perf_counter_ns()
-        server._dumps(answer)
+        codec.dumps(answer)
         return time.perf_counter_ns() - started, reviewed - decoded
 
     for _ in range(200):

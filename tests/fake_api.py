@@ -1,4 +1,4 @@
-"""Fake API servers: `FakeAPI` for `serve --metrics-auth` (webhook.metrics_auth), TokenReview and
+"""Fake API servers: `FakeAPI` for `serve --metrics-auth` (webhook.kube.metrics_auth), TokenReview and
 SubjectAccessReview only, in plain HTTP on loopback, for the real kubernetes client; `Script`, recorded list
 answers and watch streams for a `webhook.cluster.Reflector`."""
 

@@ -7,7 +7,7 @@ import io
 import json
 
 from tests.helpers import IMAGE, ROUTE1, ROUTE2
-from webhook import verify as adapter
+from webhook.commands import verify as adapter
 from webhook.core import verify as v
 from webhook.core.patch import Entry
 from webhook.core.settings import parse

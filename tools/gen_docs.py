@@ -7,8 +7,8 @@
 What each page is made from:
 - docs/reference/settings.md   webhook/core/settings.py's JSON Schema (what `dispatch-admission settings schema` prints)
 - docs/reference/errors.md     webhook/core/errors.py (the sentinels) and webhook/core/registry.py (the rules)
-- docs/reference/metrics.md    the metrics webhook/metrics.py defines
-- docs/reference/cli.md        the argparse parser of webhook/cli.py
+- docs/reference/metrics.md    the metrics webhook/process/metrics.py defines
+- docs/reference/cli.md        the argparse parser of webhook/commands/flags.py
 - charts/dispatch-admission/README.md and docs/reference/chart-values.md: helm-docs over the chart's values.yaml
 - charts/dispatch-admission/Chart.yaml's version and appVersion: the package version (pyproject.toml)
 """
@@ -128,7 +128,7 @@ def errors_page() -> str:
 def metrics_page() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from webhook import metrics
+    from webhook.process import metrics
 
     families = metrics.get()  # single-process families, made here as serve's start-up makes them
     rows = []
@@ -163,7 +163,7 @@ def metrics_page() -> str:
                                      "dispatch_admission_runtime_live", "dispatch_admission_runtime_store")):
             where = "from the runtime keeper's state in the store, read at the scrape"
         rows.append((name, family.type, ", ".join(family._labelnames), family.documentation, where))
-    out = [HEADER.format(source="webhook/metrics.py"), "# Metrics reference\n\n",
+    out = [HEADER.format(source="webhook/process/metrics.py"), "# Metrics reference\n\n",
            "Every metric the server exports. The page [Operations](../operations.md) says how to scrape them and "
            "which alerts use them.\n\n",
            "| metric | type | labels | meaning | across workers |\n|---|---|---|---|---|\n"]
@@ -215,10 +215,10 @@ def _commands(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, s
 
 
 def cli_page() -> str:
-    from webhook import cli
+    from webhook.commands import flags
 
-    root = cli.parser()
-    out = [HEADER.format(source="webhook/cli.py"), "# Command-line reference\n\n",
+    root = flags.parser()
+    out = [HEADER.format(source="webhook/commands/flags.py"), "# Command-line reference\n\n",
            f"`{root.prog}`: {root.description} `python -m webhook` is the same. Every command exits 2 when its "
            "input or settings are unusable.\n\n"]
     for name, help_text, sub in [(root.prog, "", root)] + _commands(root, root.prog):

@@ -38,7 +38,7 @@ TORCH_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MAST
 
 
 def our_settings():
-    from webhook.files import load_settings
+    from webhook.commands.files import load_settings
 
     return load_settings(str(EXAMPLES / "settings" / "route1.json"))
 

@@ -4,7 +4,7 @@ The rules file under test is the one the chart renders (taken from `helm templat
 drift). `promtool check rules` validates it and `promtool test rules` runs unit tests over synthetic series:
 each alert fires where it should and stays quiet where it should not. promtool is built from the
 github.com/prometheus/prometheus module like the other binaries. The dashboard's queries and the alerts'
-expressions may name only metrics the server defines (read from webhook/metrics.py) and, for the replica
+expressions may name only metrics the server defines (read from webhook/process/metrics.py) and, for the replica
 alert, kube-state-metrics' Deployment status.
 """
 
@@ -364,7 +364,7 @@ def test_every_alert_says_what_to_do(helm, tmp_path):
 # ---- metric names: only what the server defines ----
 
 def exported_metric_names() -> set[str]:
-    """The series names webhook/metrics.py defines, read from its source (Counter, Gauge, Histogram, and the
+    """The series names webhook/process/metrics.py defines, read from its source (Counter, Gauge, Histogram, and the
     metric families its collector yields), with the suffixes prometheus_client exports for each type."""
     tree = ast.parse((ROOT / "webhook" / "metrics.py").read_text())
     names = set()

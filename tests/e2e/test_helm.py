@@ -1056,7 +1056,7 @@ def test_the_runtime_keeper_is_a_native_sidecar_sharing_the_store(helm, tmp_path
     def mib(q: str) -> int:
         return int(q[:-2]) * {"Mi": 1, "Gi": 1024}[q[-2:]]
 
-    from webhook.store import MAP_SIZE
+    from webhook.kube.store import MAP_SIZE
 
     assert mib(size_limit) > MAP_SIZE >> 20 and mib(limits["ephemeral-storage"]) > mib(size_limit), \
         "the store's bound is below the volume's limit and the container's: the store cannot get the pod evicted"

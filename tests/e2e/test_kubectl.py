@@ -11,8 +11,8 @@ import yaml
 
 from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, eventually, mount_patch, pod_patch, trainjob
+from webhook.commands.files import load_settings as load
 from webhook.core import patch, rules
-from webhook.files import load_settings as load
 
 NS = "team-a"
 

@@ -13,7 +13,7 @@ import time
 import requests
 
 from tests.helpers import metric_total, review, trainjob
-from webhook.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
+from webhook.kube.metrics_auth import UNSEEN_BURST, UNSEEN_PER_SECOND
 
 READER = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
           "metadata": {"name": "e2e-metrics-reader"},

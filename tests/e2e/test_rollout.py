@@ -19,7 +19,7 @@ from tests.e2e.conftest import _LOGS, start_cluster, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, ROOT, eventually, metric_samples, mount_patch, runtime, trainjob
 from tests.process import Webhook
 from webhook import api
-from webhook.files import load_settings
+from webhook.commands.files import load_settings
 
 NS = "team-a"
 ROUTE1 = EXAMPLES / "settings" / "route1.json"

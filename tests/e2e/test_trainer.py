@@ -21,7 +21,7 @@ from tests.e2e.conftest import ROUTE_LABEL, start_cluster, start_our_webhooks, w
 from tests.e2e.trainer import start_trainer, trainer_webhooks
 from tests.helpers import EXAMPLES, MANAGER, eventually, trainjob
 from tests.process import Webhook, stop
-from webhook.files import load_settings as load
+from webhook.commands.files import load_settings as load
 
 NS = "team-a"
 ROUTE1 = load(str(EXAMPLES / "settings" / "route1.json"))

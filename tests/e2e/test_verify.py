@@ -454,7 +454,7 @@ def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):  # no
 
 
 def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_env):  # noqa: F811
-    from webhook.verify import Cluster
+    from webhook.commands.verify import Cluster
 
     c = node_env.cluster
     c.apply(probe_doc("verify-namesake", None))

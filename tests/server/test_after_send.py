@@ -21,13 +21,13 @@ from tests.helpers import eventually
 from tests.process import free_port, running
 from tests.tls import read_response, tls_socket
 from webhook import certs
-from webhook.connection import INLINE_LIMIT
+from webhook.serving.connection import INLINE_LIMIT
 
 APP = r'''
 import sys, threading, time
 from pathlib import Path
 from webhook import certs
-from webhook.server import gunicorn_application
+from webhook.serving.application import Listening, gunicorn_application
 
 MARKS = Path(sys.argv[3])
 
@@ -61,7 +61,7 @@ def create_app():
 
 
 d = sys.argv[2]
-gunicorn_application(create_app, bind=sys.argv[1], workers=1, certfile=d + "/tls.crt", keyfile=d + "/tls.key",
+gunicorn_application(create_app, Listening(d + "/tls.crt", d + "/tls.key", bind=sys.argv[1], workers=1),
                      tls=certs.ReloadingContext(d + "/tls.crt", d + "/tls.key")).run()
 '''
 

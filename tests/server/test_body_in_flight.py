@@ -1,4 +1,4 @@
-"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/room.py).
+"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/serving/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
 loopback: a large review being read holds its head and the body bytes received, and a second large one that
@@ -20,7 +20,7 @@ import requests
 
 from tests.helpers import eventually, metric_series, review, trainjob
 from tests.tls import tls_socket
-from webhook.room import PATIENCE
+from webhook.serving.room import PATIENCE
 
 MAX_BODY = 2_000_000
 IN_FLIGHT = 3_000_000  # room for one body of MAX_BODY, not two

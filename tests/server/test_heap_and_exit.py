@@ -3,8 +3,8 @@
 import os
 from types import SimpleNamespace
 
-from webhook import heap
-from webhook.gunicorn_config import _mark_dead
+from webhook.process import heap
+from webhook.serving.gunicorn_config import _mark_dead
 
 
 def test_glibc_takes_every_heap_option():

@@ -1,5 +1,5 @@
 """Every request byte a worker holds counts against its room, heads and small bodies included (issue 33,
-item 4; webhook/room.py).
+item 4; webhook/serving/room.py).
 
 Against the real server process (one worker, so every connection meets the same room) over TLS on
 loopback, with a room of 1 MiB and a request deadline long enough not to close anything during the test:

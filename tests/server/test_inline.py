@@ -3,9 +3,9 @@
 import pytest
 
 from tests.helpers import admission, review, trainjob
-from webhook.blocking import NoBlocking, blocking_allowed
-from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import WouldBlock
+from webhook.kube.cluster import ClusterRuntimes
+from webhook.process.blocking import NoBlocking, blocking_allowed
 
 
 class Source:
@@ -47,7 +47,7 @@ class API:
 @pytest.fixture
 def cluster(tmp_path):
     """A worker's view of the pod's store, both kinds listed, with the given clock and API."""
-    from webhook.store import StoreReader, StoreWriter
+    from webhook.kube.store import StoreReader, StoreWriter
 
     writer = StoreWriter(str(tmp_path))
     for kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
@@ -74,7 +74,7 @@ def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_for
 
 def test_a_confirmed_miss_is_remembered_for_a_second(cluster):
     """The negative cache: a name that does not exist, asked again and again, costs one live read a second."""
-    from webhook.cluster import NEGATIVE_SECONDS
+    from webhook.kube.cluster import NEGATIVE_SECONDS
 
     now = [100.0]
     api = API()
@@ -93,7 +93,7 @@ def test_a_confirmed_miss_is_remembered_for_a_second(cluster):
 def test_a_runtime_found_by_a_live_read_is_kept_until_the_watch_brings_it(cluster):
     """Created since the keeper last wrote: found by the worker's live read, then answered from memory for a
     few seconds (the watch brings it to the store meanwhile), not read again for each review."""
-    from webhook.cluster import FOUND_SECONDS
+    from webhook.kube.cluster import FOUND_SECONDS
 
     now = [0.0]
     api = API(found={"new"})
@@ -110,7 +110,7 @@ def test_a_runtime_found_by_a_live_read_is_kept_until_the_watch_brings_it(cluste
 def test_no_runtime_is_answered_before_the_first_list(tmp_path):
     """A worker whose pod's keeper has not listed a kind yet answers ErrUnavailable (SPEC 7), not 'not found'."""
     from webhook.core.runtimes import RuntimeUnavailable
-    from webhook.store import StoreReader, StoreWriter
+    from webhook.kube.store import StoreReader, StoreWriter
 
     writer = StoreWriter(str(tmp_path))
     runtimes = ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), API())

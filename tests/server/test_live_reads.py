@@ -10,11 +10,11 @@ import time
 import pytest
 
 from tests.helpers import runtime
-from webhook import live_reads
-from webhook.blocking import NoBlocking
-from webhook.cluster import ClusterRuntimes
 from webhook.core.runtimes import Runtime, RuntimeUnavailable, WouldBlock
-from webhook.store import StoreReader, StoreWriter
+from webhook.kube import live_reads
+from webhook.kube.cluster import ClusterRuntimes
+from webhook.kube.store import StoreReader, StoreWriter
+from webhook.process.blocking import NoBlocking
 
 KIND = "ClusterTrainingRuntime"
 

@@ -1,7 +1,7 @@
 """/metrics cannot reach admission (issue 33, item 5): the real server with `--metrics-auth` against a fake
 API server (tests/fake_api.py) that holds every token review.
 
-Scrapes with unseen tokens fill the metrics port's own threads (webhook.worker: METRICS_THREADS, at most
+Scrapes with unseen tokens fill the metrics port's own threads (webhook.serving.worker: METRICS_THREADS, at most
 METRICS_WAITING scrapes queued or running); one more is answered 503 at once. Meanwhile reviews, small
 (answered on the loop) and large (on the app threads), are answered as usual, and so are the kubelet's
 probes on the metrics port. Once the API server answers, every scrape held is answered. With /metrics
@@ -22,7 +22,7 @@ import requests
 from tests.fake_api import FakeAPI
 from tests.helpers import review, trainjob
 from tests.process import RUNTIME_ARGS
-from webhook.worker import METRICS_WAITING
+from webhook.serving.worker import METRICS_WAITING
 
 
 def large_review() -> bytes:

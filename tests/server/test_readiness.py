@@ -6,10 +6,10 @@ from prometheus_client import CollectorRegistry
 
 from tests.fake_api import Script, StopReflector
 from tests.helpers import ROUTE1, ROUTE2, runtime, settings
-from webhook import metrics
-from webhook.cluster import ClusterRuntimes, Reflector
 from webhook.core.rules import runtime_facts
-from webhook.store import StoreReader, StoreWriter
+from webhook.kube.cluster import ClusterRuntimes, Reflector
+from webhook.kube.store import StoreReader, StoreWriter
+from webhook.process import metrics
 
 KIND = "ClusterTrainingRuntime"
 

@@ -1,8 +1,8 @@
 """The watch cache's list/watch/relist logic, driven by recorded event streams (no API server)."""
 
 from tests.fake_api import Script, StopReflector
-from webhook.cluster import Backoff, Gone, Reflector
 from webhook.core.runtimes import RuntimeIndex
+from webhook.kube.cluster import Backoff, Gone, Reflector
 
 KIND = "ClusterTrainingRuntime"
 

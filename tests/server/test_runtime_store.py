@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import runtime
-from webhook import metrics
-from webhook.cluster import Page, ReadStats
 from webhook.core.runtimes import MAX_STORED_BYTES, Runtime
-from webhook.store import StoreFull, StoreReader, StoreWriter
+from webhook.kube.cluster import Page, ReadStats
+from webhook.kube.store import StoreFull, StoreReader, StoreWriter
+from webhook.process import metrics
 
 KIND = "ClusterTrainingRuntime"
 

@@ -313,7 +313,7 @@ def test_gunicorn_configuration_file_and_environment(serve, tmp_path):
     started = _started_line(hook.log)
     assert (started["threads"], started["keepalive"], started["workers"]) == (3, 90, 1)
     eventually(lambda: _workers(hook.process.pid) == 1, "one worker", 15, 0.2)
-    assert hook.logged("Using worker: webhook.worker.Worker")
+    assert hook.logged("Using worker: webhook.serving.worker.Worker")
     assert hook.logged("worker_class='sync' ignored")
     assert hook.review(json.loads(BODY))["allowed"] is True
     hook = serve(env={"GUNICORN_CMD_ARGS": f"--config {config} --threads 2"})

@@ -8,7 +8,7 @@ import webhook.core
 
 # Every module of the core, read from the package (a module added later is checked without editing this list),
 # and the CLI's parser, which must load without the adapters.
-CORE = sorted(f"core.{m.name}" for m in pkgutil.iter_modules(webhook.core.__path__)) + ["cli"]
+CORE = sorted(f"core.{m.name}" for m in pkgutil.iter_modules(webhook.core.__path__)) + ["commands.flags"]
 ADAPTERS = ("flask", "kubernetes", "gunicorn", "werkzeug", "urllib3", "ijson", "lmdb", "prometheus_client")
 
 
@@ -27,13 +27,52 @@ def test_core_imports_no_adapter_libraries():
     assert out == ""
 
 
-def test_http_layer_does_not_import_the_kubernetes_adapters():
-    """The worker and its connections ask the may-I-block rule of webhook.blocking, not of webhook.cluster."""
+def modules(package) -> list[str]:
+    return sorted(f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__))
+
+
+def test_the_http_serving_stack_does_not_import_the_kubernetes_adapters():
+    """Every module of webhook.serving (and webhook.process, which it shares with the keeper) loads without
+    webhook.kube or the Kubernetes client: the worker asks the may-I-block rule of webhook.process.blocking, and
+    the app is handed the settings it follows and the metrics gate."""
+    import webhook.process
+    import webhook.serving
+
+    names = modules(webhook.serving) + modules(webhook.process)
+    assert {"webhook.serving.app", "webhook.serving.worker", "webhook.process.blocking"} <= set(names)
     code = (
-        "import sys\n"
-        "import webhook.worker, webhook.connection\n"
-        "print(','.join(sorted(m for m in sys.modules if m in ('webhook.cluster', 'webhook.live_settings',"
-        " 'webhook.live_reads', 'webhook.store', 'kubernetes'))))\n"
+        "import importlib, sys\n"
+        f"for m in {names!r}: importlib.import_module(m)\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(('webhook.kube', 'webhook.commands'))"
+        " or m.split('.')[0] == 'kubernetes')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_the_packages_show_the_roles():
+    """webhook/ holds packages by role, and beside them only the package's entry points and its Python API."""
+    import webhook
+
+    packages = {m.name for m in pkgutil.iter_modules(webhook.__path__) if m.ispkg}
+    loose = {m.name for m in pkgutil.iter_modules(webhook.__path__) if not m.ispkg}
+    assert packages == {"core", "certs", "kube", "serving", "process", "commands"}
+    assert loose == {"__main__", "api"}
+
+
+def test_no_module_over_500_lines_and_no_function_over_60():
+    """What the layout promises a reader (issue 36): every module and function of the package fits on a page or two."""
+    import ast
+    from pathlib import Path
+
+    import webhook
+
+    too_long = []
+    for path in sorted(Path(webhook.__path__[0]).rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 500:
+            too_long.append(f"{path.name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                too_long.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []

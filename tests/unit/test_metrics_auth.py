@@ -1,4 +1,4 @@
-"""webhook.metrics_auth against a fake API server (plain HTTP on loopback, the real kubernetes client):
+"""webhook.kube.metrics_auth against a fake API server (plain HTTP on loopback, the real kubernetes client):
 verdicts kept in a bounded LRU, one review in flight per token, a rate limit on unseen tokens that never
 holds back a token allowed before, and a timeout on each review (issue 33, item 5). The real API server:
 tests/e2e/test_metrics_auth.py."""
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.fake_api import FakeAPI
-from webhook import metrics_auth
-from webhook.metrics_auth import ALLOWED_SECONDS, MetricsAuth
+from webhook.kube import metrics_auth
+from webhook.kube.metrics_auth import ALLOWED_SECONDS, MetricsAuth
 
 
 @pytest.fixture

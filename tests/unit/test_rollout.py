@@ -24,8 +24,8 @@ from tests.helpers import (
     trainjob,
 )
 from webhook import api
-from webhook import audit as audit_cmd
-from webhook.audit import Report
+from webhook.commands import audit as audit_cmd
+from webhook.commands.audit import Report
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.audit import CredentialSecrets, Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable

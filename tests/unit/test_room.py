@@ -1,4 +1,4 @@
-"""webhook.room: who gives way when a worker's request bytes would pass its cap (issue 33, item 4). The
+"""webhook.serving.room: who gives way when a worker's request bytes would pass its cap (issue 33, item 4). The
 server tests (tests/server/test_held_bytes.py, test_body_in_flight.py) run it in the real worker."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.process import ROOT
-from webhook.room import GRACE, MIN_RATE, PATIENCE, Room
+from webhook.serving.room import GRACE, MIN_RATE, PATIENCE, Room
 
 NOW = 100.0
 
@@ -93,7 +93,7 @@ def test_the_room_gauges_write_no_files_without_a_metrics_directory(tmp_path):
     """The worker sets the room's gauges whatever the app (bench/baseline.py serves its own with
     PROMETHEUS_MULTIPROC_DIR set empty): without start(), the families stay in one process and no
     prometheus_client file lands in the working directory."""
-    code = "from webhook import metrics; metrics.get().request_bytes_held.set(5); print('set')"
+    code = "from webhook.process import metrics; metrics.get().request_bytes_held.set(5); print('set')"
     got = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": "", "PYTHONPATH": str(ROOT)})
     assert got.stdout.strip() == "set", got.stderr

@@ -4,9 +4,9 @@ import jsonschema
 import pytest
 
 from tests.helpers import EXAMPLES, IMAGE
+from webhook.commands.files import load_settings
 from webhook.core import settings as s
 from webhook.core.errors import Denied, ErrInvalid
-from webhook.files import load_settings
 
 HEX = "b" * 64
 

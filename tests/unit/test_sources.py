@@ -9,12 +9,15 @@ import logging
 import pytest
 
 from tests.helpers import EXAMPLES, IMAGE, ROUTE1, Clock, Runtimes, answer, mutated, runtime, settings, trainjob
-from webhook import metrics, server
-from webhook.cli import main, parser
+from webhook.commands import serve
+from webhook.commands.cli import main
+from webhook.commands.flags import parser
 from webhook.core import images, sources
 from webhook.core.admission import Admission
 from webhook.core.errors import Denied
-from webhook.live_settings import LiveSettings, fixed_repositories, switch_line
+from webhook.core.sources import switch_line
+from webhook.kube.live_settings import LiveSettings, fixed_repositories
+from webhook.process import metrics
 
 REPO = IMAGE.split("@")[0]
 MOVED = REPO + "@sha256:" + "b" * 64
@@ -106,7 +109,7 @@ def test_serve_does_not_start_with_settings_from_another_repository(tmp_path):
     runtimes = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
 
     def options(*args):
-        return server._Options(parser().parse_args(["serve", "--settings", str(path), *runtimes, *args]))
+        return serve.serve_config(parser().parse_args(["serve", "--settings", str(path), *runtimes, *args]))
 
     assert options().publish_repositories == {REPO}
     assert options("--publish-repositories", f"{REPO},registry.example/mine").publish_repositories == \

@@ -19,13 +19,13 @@ import sys
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import ROOT, admission, answer, mutated, review, settings, stock_runtimes, trainjob
-from webhook import metrics
-from webhook.audit import Report
+from webhook.commands.audit import Report
 from webhook.core import audit, registry
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.errors import ErrInvalid, Reasons
 from webhook.core.rule import Point, Rule
 from webhook.core.settings import Settings
+from webhook.process import metrics
 
 sys.path.insert(0, str(ROOT / "tools"))
 

@@ -25,8 +25,8 @@ from tests.verify_fakes import (
     run,
     stored,
 )
-from webhook import cli
-from webhook import verify as adapter
+from webhook.commands import cli
+from webhook.commands import verify as adapter
 from webhook.core import verify as v
 from webhook.core import verify_report as r
 from webhook.core.patch import Entry

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.verify_fakes import S1, FakeCluster, cluster_node, pod, run
-from webhook import cli
-from webhook import verify as adapter
-from webhook import verify_cleanup as cleanup_cmd
+from webhook.commands import cli
+from webhook.commands import verify as adapter
+from webhook.commands import verify_cleanup as cleanup_cmd
 from webhook.core import verify as v
 from webhook.core import verify_cleanup as c
 from webhook.core.settings import parse

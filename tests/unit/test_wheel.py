@@ -16,9 +16,9 @@ def test_spec_7_serve_dev_finds_the_example_runtimes_in_an_installed_wheel(tmp_p
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     # Run from elsewhere, with the unpacked wheel first on the path: nothing of the checkout is reachable.
-    code = ("import argparse, webhook.server as s; from webhook.cli import parser;"
-            "o = s._Options(parser().parse_args(['serve', '--dev'])); print(s.__file__); print(len(o.runtime_files));"
-            "print(o.runtime_files[0])")
+    code = ("import webhook.commands.serve as s; from webhook.commands.flags import parser;"
+            "o = s.serve_config(parser().parse_args(['serve', '--dev'])); print(s.__file__);"
+            "print(len(o.runtime_files)); print(o.runtime_files[0])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}).stdout.split()
     assert out[0].startswith(str(site)) and int(out[1]) >= 4 and out[2].startswith(str(site / "webhook" / "examples"))

@@ -197,13 +197,13 @@ S4 = Rule(
     "the webhook's own entry differing (time aside, compared as JSON values) from what the settings produce"
     " (or, for 10 minutes after a switch, the previous settings); two entries under its manager",
     ("spec.runtimePatches[manager]", "the settings", "the runtime's target jobs"),
-    checked_in=("rules.scan", "admission._s4", "admission._s4_unconfigured"))
+    checked_in=("rules.scan", "decision._s4", "decision._s4_unconfigured"))
 S5 = Rule(
     "S5", "5", ErrInvalid,
     "on CREATE, with publish or credentials configured, a TrainJob without the entry reaching `/validate`"
     " (the mutation was bypassed)",
     ("spec.runtimePatches[manager]",),
-    checked_in=("admission.validation",))
+    checked_in=("decision.validation",))
 S6 = Rule(
     "S6", "5", ErrInvalid,
     "another entry defining a volume named like a credential, or mounting at or under a credential's"
@@ -263,7 +263,7 @@ UPDATE = Rule(
     errors.RULE_UPDATE, "6.3", ErrInvalid,
     "an UPDATE that edits the webhook's entry, or (at `/validate`) removes it: it is immutable once written",
     ("spec.runtimePatches[manager] of the old and the new object",),
-    checked_in=("admission.validation", "admission._immutable"))
+    checked_in=("decision.validation", "decision._immutable"))
 
 # Not a rule of SPEC: an object the walks cannot read. Its reasons are the sender's fault and are always
 # given (a rule switched off must not let a malformed object through unread).

@@ -1,8 +1,8 @@
 """Where runtimes come from: the interface the core asks, and the in-memory index behind every source.
 
 A source answers a `Runtime`, None when it does not exist, or raises RuntimeUnavailable when it cannot
-tell now (SPEC 4: ErrUnavailable). Runtimes read from files (`webhook.files`) and the cluster's watch
-cache (`webhook.cluster`) both fill the same index.
+tell now (SPEC 4: ErrUnavailable). Runtimes read from files (`webhook.commands.files`) and the cluster's watch
+cache (`webhook.kube.cluster`) both fill the same index.
 
 A `Runtime` is what the rules read of a runtime object, taken once when a source takes the object: its
 kind and name, its mlPolicy sources (and MPI's sshAuthMountPath), the JobSet template's claim template
@@ -152,7 +152,7 @@ class Runtime:
             return cls(found_kind, namespace, name, version, oversize=str(e))
 
     def to_bytes(self) -> bytes:
-        """The runtime as stored in the shared cache (webhook.store): its resourceVersion, a NUL, then its
+        """The runtime as stored in the shared cache (webhook.kube.store): its resourceVersion, a NUL, then its
         fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
         jobs = tuple((j.name, tuple(sorted(j.containers)), tuple(sorted(j.init_containers)), j.volumes,
                       j.publish_mounts, j.node_mounts) for j in self.jobs)

@@ -108,62 +108,70 @@ def schema() -> dict[str, Any]:
                 "pattern": DOMAIN_PREFIXED_PATH,
                 "default": DEFAULT_MANAGER,
             },
-            "publish": {
-                "description": ("Where the publish binary comes from. Absent: nothing is mounted at /opt/dispatch, and"
-                                " every rule still holds."),
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["image"],
-                "properties": {
-                    "image": {
-                        "description": ("The publish image, NAME@sha256:<64 lower-case hex digits>, no tag"
-                                        " (a registry port is not a tag: host:5000/p@sha256:... and"
-                                        " [fd00::1]:5000/p@sha256:... are fine)."),
-                        "type": "string",
-                        "pattern": images.PINNED_PATTERN,
-                    },
-                    "via": {
-                        "description": "imageVolume (route 1) or initContainer (route 2).",
-                        "enum": [ROUTE_IMAGE_VOLUME, ROUTE_INIT_CONTAINER],
-                        "default": ROUTE_IMAGE_VOLUME,
-                    },
-                    "initContainer": {
-                        "description": ("Route 2 only: the init container, defined by the runtime, that copies"
-                                        " the binary to $DISPATCH_PUBLISH_DEST."),
-                        "type": "string",
-                        "maxLength": 63,
-                        "pattern": DNS1123_LABEL,
-                        "default": DEFAULT_INIT_CONTAINER,
-                    },
-                },
-                "dependentSchemas": {
-                    "initContainer": {"required": ["via"], "properties": {"via": {"const": ROUTE_INIT_CONTAINER}}}
-                },
+            "publish": _publish_schema(),
+            "credentials": _credentials_schema(),
+        },
+    }
+
+
+def _publish_schema() -> dict[str, Any]:
+    return {
+        "description": ("Where the publish binary comes from. Absent: nothing is mounted at /opt/dispatch, and"
+                        " every rule still holds."),
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["image"],
+        "properties": {
+            "image": {
+                "description": ("The publish image, NAME@sha256:<64 lower-case hex digits>, no tag"
+                                " (a registry port is not a tag: host:5000/p@sha256:... and"
+                                " [fd00::1]:5000/p@sha256:... are fine)."),
+                "type": "string",
+                "pattern": images.PINNED_PATTERN,
             },
-            "credentials": {
-                "description": "Secrets mounted read-only on the node container beside the publish mount.",
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "secret", "mountPath"],
-                    "properties": {
-                        "name": {
-                            "description": "The volume's name: a unique DNS-1123 label, not dispatch-publish.",
-                            "type": "string",
-                            "maxLength": 63,
-                            "pattern": DNS1123_LABEL,
-                            "not": {"const": PUBLISH_VOLUME},
-                        },
-                        "secret": {"description": "The Secret's name, in the TrainJob's namespace.",
-                                   "type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
-                        "mountPath": {"description": "Absolute; overlapping (at, under or an ancestor of) neither"
-                                                     " /opt/dispatch, another credential's, nor a path Trainer's"
-                                                     " plugins mount (/etc/mpi, /etc/flux-config, /curve, /mnt/flux,"
-                                                     " /dev/shm, /opt/software, /var/run/secrets/kubeflow/trainer).",
-                                      "type": "string", "pattern": "^/"},
-                    },
+            "via": {
+                "description": "imageVolume (route 1) or initContainer (route 2).",
+                "enum": [ROUTE_IMAGE_VOLUME, ROUTE_INIT_CONTAINER],
+                "default": ROUTE_IMAGE_VOLUME,
+            },
+            "initContainer": {
+                "description": ("Route 2 only: the init container, defined by the runtime, that copies"
+                                " the binary to $DISPATCH_PUBLISH_DEST."),
+                "type": "string",
+                "maxLength": 63,
+                "pattern": DNS1123_LABEL,
+                "default": DEFAULT_INIT_CONTAINER,
+            },
+        },
+        "dependentSchemas": {
+            "initContainer": {"required": ["via"], "properties": {"via": {"const": ROUTE_INIT_CONTAINER}}}
+        },
+    }
+
+
+def _credentials_schema() -> dict[str, Any]:
+    return {
+        "description": "Secrets mounted read-only on the node container beside the publish mount.",
+        "type": "array",
+        "items": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "secret", "mountPath"],
+            "properties": {
+                "name": {
+                    "description": "The volume's name: a unique DNS-1123 label, not dispatch-publish.",
+                    "type": "string",
+                    "maxLength": 63,
+                    "pattern": DNS1123_LABEL,
+                    "not": {"const": PUBLISH_VOLUME},
                 },
+                "secret": {"description": "The Secret's name, in the TrainJob's namespace.",
+                           "type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
+                "mountPath": {"description": "Absolute; overlapping (at, under or an ancestor of) neither"
+                                             " /opt/dispatch, another credential's, nor a path Trainer's"
+                                             " plugins mount (/etc/mpi, /etc/flux-config, /curve, /mnt/flux,"
+                                             " /dev/shm, /opt/software, /var/run/secrets/kubeflow/trainer).",
+                              "type": "string", "pattern": "^/"},
             },
         },
     }

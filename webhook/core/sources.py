@@ -44,3 +44,12 @@ def check(settings: Settings, allowed: frozenset[str]) -> Settings:
                              " may move the digest, not the repository: change the repositories with a deploy")])
     return settings
 
+
+def switch_line(source: str, old: Settings, new: Settings) -> dict[str, object]:
+    """The log line of a switch: what is now in force, and the publish image it replaced (issue 35: a switch of
+    the image that runs in every tenant's node container is never silent)."""
+    return {"msg": "settings switched", "source": source, "manager": new.manager,
+            "publish": new.publish.image if new.publish else None,
+            "previous_publish": old.publish.image if old.publish else None,
+            "via": new.publish.via if new.publish else None,
+            "credentials": [c.name for c in new.credentials]}

@@ -1,6 +1,6 @@
 """`verify` (SPEC 9), the part without I/O: the probe TrainJob, the stage a probe reached read from its stored
 TrainJob, its pods and their events, the stored pod template against the settings, what to do on each
-failure, and the report (table or JSON). The adapter (`webhook.verify`) reads the cluster and calls these.
+failure, and the report (table or JSON). The adapter (`webhook.commands.verify`) reads the cluster and calls these.
 
 A probe goes through the stages in order: `admitted` (the webhook's entry is on the stored TrainJob),
 `scheduled` (the pod is bound to a node), `pulled` (the image volume or the route-2 init container's image
@@ -273,7 +273,6 @@ def classify(trainjob: dict[str, Any] | None, pods: list[dict[str, Any]], events
     entry = find_entry(trainjob, manager)
     if entry is None:
         return Status(None, done=True, failure=Failure(Stage.ADMITTED, NO_ENTRY, hint_for(Stage.ADMITTED, NO_ENTRY)))
-    route = route_of(entry)
     pod = probe_pod(pods)
     if pod is None:
         suspended = ((trainjob or {}).get("spec") or {}).get("suspend")
@@ -282,81 +281,104 @@ def classify(trainjob: dict[str, Any] | None, pods: list[dict[str, Any]], events
             cond = _condition(trainjob or {}, "Suspended")
             why = f"no pod yet: the TrainJob is suspended ({cond.get('message') or 'spec.suspend is true'})"
         return Status(Stage.ADMITTED, waiting=why)
-    name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
-    namespace = pod["metadata"].get("namespace") or ((trainjob or {}).get("metadata") or {}).get("namespace") or ""
-    credentials = dict(entry_secrets(entry))
-    pod_events = [e for e in events if (e.get("involvedObject") or {}).get("name") == name]
+    return _ProbePod(trainjob, pod, events, entry).judge()
 
-    def at(stage: Stage | None, **kw: Any) -> Status:
-        return Status(stage, pod=name, node=node, **kw)
 
-    def failed(stage: Stage, message: str, cause: causes.Cause | None = None, **kw: Any) -> Status:
-        hint = cause.hint if cause is not None else hint_for(stage, message, route)
-        return at(STAGES[STAGES.index(stage) - 1], done=True,
-                  failure=Failure(stage, message, hint, cause.kind if cause is not None else ""), **kw)
+class _ProbePod:
+    """The probe's pod, judged stage by stage: scheduled, pulled (and its volumes mounted), started, ran."""
 
-    def waits(stage: Stage, cause: causes.Cause) -> Status:
-        return at(stage, waiting=cause.message, hint=cause.hint, cause=cause.kind)
+    def __init__(self, trainjob: dict[str, Any] | None, pod: dict[str, Any], events: list[dict[str, Any]],
+                 entry: dict[str, Any]):
+        self.pod, self.entry, self.route = pod, entry, route_of(entry)
+        self.name, self.node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
+        self.namespace = (pod["metadata"].get("namespace")
+                          or ((trainjob or {}).get("metadata") or {}).get("namespace") or "")
+        self.credentials = dict(entry_secrets(entry))
+        self.events = [e for e in events if (e.get("involvedObject") or {}).get("name") == self.name]
+        self.node_status = _statuses(pod, "containerStatuses").get(NODE_CONTAINER, {})
+        init = self.route.init_container
+        self.init_status = _statuses(pod, "initContainerStatuses").get(init, {}) if init else {}
+        self.node_state = self.node_status.get("state") or {}
+        self.node_started = "running" in self.node_state or _terminated(self.node_status)[0] is not None
+        self.nothing_started = (not self.node_started and "running" not in (self.init_status.get("state") or {})
+                                and not _terminated(self.init_status)[0])
 
-    if _condition(pod, "PodScheduled").get("status") != "True" and not node:
-        cause = causes.scheduling_cause(pod, pod_events, namespace)
-        return failed(Stage.SCHEDULED, cause.message, cause) if cause.final else waits(Stage.ADMITTED, cause)
+    def at(self, stage: Stage | None, **kw: Any) -> Status:
+        return Status(stage, pod=self.name, node=self.node, **kw)
 
-    def pull_failed(message: str) -> Status:
-        return failed(Stage.PULLED, message, causes.Cause(causes.IMAGE_PULL, message, causes.pull_hint(
-            message, _entry_publish_image(entry)), final=True))
+    def failed(self, stage: Stage, message: str, cause: causes.Cause | None = None, **kw: Any) -> Status:
+        hint = cause.hint if cause is not None else hint_for(stage, message, self.route)
+        return self.at(STAGES[STAGES.index(stage) - 1], done=True,
+                       failure=Failure(stage, message, hint, cause.kind if cause is not None else ""), **kw)
 
-    node_status = _statuses(pod, "containerStatuses").get(NODE_CONTAINER, {})
-    init_status = _statuses(pod, "initContainerStatuses").get(route.init_container, {}) if route.init_container else {}
-    # pulled: the init container's image (route 2) and the image volume (route 1) reach the node
-    for status in (init_status, node_status):
-        waiting = (status.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in PULL_REASONS:
-            return pull_failed(f"{waiting['reason']}: {waiting.get('message') or _pull_event(pod_events)}")
-    pull_error = _pull_event(pod_events)
-    node_state = node_status.get("state") or {}
-    node_started = "running" in node_state or _terminated(node_status)[0] is not None
-    nothing_started = not node_started and "running" not in (init_status.get("state") or {}) \
-        and not _terminated(init_status)[0]
-    if pull_error and nothing_started:
-        return pull_failed(pull_error)
-    # the kubelet mounts the pod's volumes before it pulls: a Secret or ConfigMap that is not there holds it
-    mount = causes.mount_cause(pod_events, namespace, credentials) if nothing_started else None
-    if mount is not None and mount.final:
-        return failed(Stage.PULLED, mount.message, mount)
-    # route 2: the init container must have copied (exited 0) for the node container to start
-    if route.init_container:
-        term, previous = _terminated(init_status)
-        if term is not None and term.get("exitCode") != 0 and not node_started:
-            return failed(Stage.STARTED, f"init container {route.init_container} {_term_text(term)}",
-                          container=route.init_container, previous=previous)
-    # started and ran: the node container
-    term, previous = _terminated(node_status)
-    waiting = node_state.get("waiting") or {}
-    if term is not None:
-        code = term.get("exitCode")
-        if term.get("reason") in START_REASONS or code in NOT_EXECUTED:
-            return failed(Stage.STARTED, _term_text(term), exit_code=code)
-        return at(Stage.RAN, done=True, exit_code=code, container=NODE_CONTAINER, previous=previous)
-    if waiting.get("reason") in START_REASONS:
-        message = waiting.get("message") or ""
-        return failed(Stage.STARTED, f"{waiting['reason']}: {message}".rstrip(": "),
-                      causes.config_cause(message, namespace, credentials))
-    if "running" in node_state:
-        return at(Stage.STARTED, waiting="running: waiting for it to exit")
-    if init_status and not _terminated(init_status)[0]:
-        if "running" in (init_status.get("state") or {}):
-            return at(Stage.PULLED, waiting=f"init container {route.init_container} is running")
-    reason = waiting.get("reason") or (pod.get("status") or {}).get("phase") or "Pending"
-    text = waiting.get("message") or ""
-    if (pod.get("status") or {}).get("phase") == "Failed":
-        return failed(Stage.STARTED, f"pod failed: {(pod.get('status') or {}).get('reason')}: "
-                                     f"{(pod.get('status') or {}).get('message')}")
-    # still creating: what the kubelet last warned about says more than `ContainerCreating`
-    held = (mount or causes.node_warning(pod_events)) if nothing_started else None
-    if held is not None:
-        return waits(Stage.SCHEDULED, held)
-    return at(Stage.SCHEDULED, waiting=f"{reason}: {text}" if text else reason)
+    def waits(self, stage: Stage, cause: causes.Cause) -> Status:
+        return self.at(stage, waiting=cause.message, hint=cause.hint, cause=cause.kind)
+
+    def pull_failed(self, message: str) -> Status:
+        return self.failed(Stage.PULLED, message, causes.Cause(causes.IMAGE_PULL, message, causes.pull_hint(
+            message, _entry_publish_image(self.entry)), final=True))
+
+    def judge(self) -> Status:
+        if _condition(self.pod, "PodScheduled").get("status") != "True" and not self.node:
+            cause = causes.scheduling_cause(self.pod, self.events, self.namespace)
+            return self.failed(Stage.SCHEDULED, cause.message, cause) if cause.final else self.waits(Stage.ADMITTED,
+                                                                                                      cause)
+        # the kubelet mounts the pod's volumes before it pulls: a Secret or ConfigMap that is not there holds it
+        mount = causes.mount_cause(self.events, self.namespace, self.credentials) if self.nothing_started else None
+        return self.pulled(mount) or self.started() or self.creating(mount)
+
+    def pulled(self, mount: causes.Cause | None) -> Status | None:
+        """The init container's image (route 2) and the image volume (route 1) reach the node; its volumes mount."""
+        for status in (self.init_status, self.node_status):
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in PULL_REASONS:
+                return self.pull_failed(f"{waiting['reason']}: {waiting.get('message') or _pull_event(self.events)}")
+        pull_error = _pull_event(self.events)
+        if pull_error and self.nothing_started:
+            return self.pull_failed(pull_error)
+        if mount is not None and mount.final:
+            return self.failed(Stage.PULLED, mount.message, mount)
+        return None
+
+    def started(self) -> Status | None:
+        """Route 2's init container copied (exited 0); the node container started, ran, or is running."""
+        init = self.route.init_container
+        if init:
+            term, previous = _terminated(self.init_status)
+            if term is not None and term.get("exitCode") != 0 and not self.node_started:
+                return self.failed(Stage.STARTED, f"init container {init} {_term_text(term)}", container=init,
+                                   previous=previous)
+        term, previous = _terminated(self.node_status)
+        waiting = self.node_state.get("waiting") or {}
+        if term is not None:
+            code = term.get("exitCode")
+            if term.get("reason") in START_REASONS or code in NOT_EXECUTED:
+                return self.failed(Stage.STARTED, _term_text(term), exit_code=code)
+            return self.at(Stage.RAN, done=True, exit_code=code, container=NODE_CONTAINER, previous=previous)
+        if waiting.get("reason") in START_REASONS:
+            message = waiting.get("message") or ""
+            return self.failed(Stage.STARTED, f"{waiting['reason']}: {message}".rstrip(": "),
+                               causes.config_cause(message, self.namespace, self.credentials))
+        if "running" in self.node_state:
+            return self.at(Stage.STARTED, waiting="running: waiting for it to exit")
+        if self.init_status and not _terminated(self.init_status)[0]:
+            if "running" in (self.init_status.get("state") or {}):
+                return self.at(Stage.PULLED, waiting=f"init container {init} is running")
+        return None
+
+    def creating(self, mount: causes.Cause | None) -> Status:
+        """Nothing has started yet, or the pod failed as a whole."""
+        status = self.pod.get("status") or {}
+        waiting = self.node_state.get("waiting") or {}
+        reason = waiting.get("reason") or status.get("phase") or "Pending"
+        text = waiting.get("message") or ""
+        if status.get("phase") == "Failed":
+            return self.failed(Stage.STARTED, f"pod failed: {status.get('reason')}: {status.get('message')}")
+        # still creating: what the kubelet last warned about says more than `ContainerCreating`
+        held = (mount or causes.node_warning(self.events)) if self.nothing_started else None
+        if held is not None:
+            return self.waits(Stage.SCHEDULED, held)
+        return self.at(Stage.SCHEDULED, waiting=f"{reason}: {text}" if text else reason)
 
 
 def timed_out(status: Status, seconds: float) -> Status:

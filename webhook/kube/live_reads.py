@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .core.runtimes import KINDS, NAMESPACED_KIND, Runtime, RuntimeUnavailable
+from ..core.runtimes import KINDS, NAMESPACED_KIND, Runtime, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 

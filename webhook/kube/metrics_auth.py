@@ -13,7 +13,7 @@ requests; so that no flood of tokens can reach admission (issue 33, item 5):
   that they are answered 429 at once, without a call to the API server. A token allowed before is
   reviewed again when its verdict expires whatever the rate: a flood cannot lock Prometheus out;
 - each review waits at most `REVIEW_TIMEOUT` for the API server (controller-runtime's filter waits 10 s);
-- the worker answers /metrics on a small executor of its own (webhook.worker), never on its event loop
+- the worker answers /metrics on a small executor of its own (webhook.serving.worker), never on its event loop
   nor on the threads that answer reviews.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from . import metrics
+from ..process import metrics
 
 ALLOWED_SECONDS = 60.0
 DENIED_SECONDS = 10.0    # a token just bound to the role is let in soon

@@ -1,4 +1,4 @@
-"""One client connection of the worker (webhook.worker): HTTP/1.1 framing and the request cycle.
+"""One client connection of the worker (webhook.serving.worker): HTTP/1.1 framing and the request cycle.
 
 A connection goes through its phases (`Phase`): TLS handshake, idle, reading a request, busy while one is
 with the app, closed. Each request read has a `BodyPhase` (its body kept, dropped, or received to its end)
@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from . import metrics
-from .blocking import NoBlocking
-from .core.runtimes import WouldBlock
+from ..core.runtimes import WouldBlock
+from ..process import metrics
+from ..process.blocking import NoBlocking
 from .wsgi import INTERNAL, JSON, close_result, error_body, request_environ, response_head
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    # webhook.room: what the worker's room counts for this connection
+    # webhook.serving.room: what the worker's room counts for this connection
 
     def reading(self) -> tuple[int, float] | None:
         """(bytes held, since its first byte) for the request being read, or None."""

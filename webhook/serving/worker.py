@@ -6,11 +6,11 @@ loop per worker (uvloop's when installed) does all the waiting, and the app only
 
 - TLS from an accepted socket's first byte, under the handshake deadline, with the context gunicorn's
   `ssl_context` hook answers for this connection (reloaded certificates, client certificates);
-- HTTP/1.1 (webhook.connection) framed by one httptools (llhttp, strict) parser per connection, under a
+- HTTP/1.1 (webhook.serving.connection) framed by one httptools (llhttp, strict) parser per connection, under a
   deadline from a request's first byte (the first request's: from the handshake's end) to its last; heads
   bounded by gunicorn's limit_request_* settings and HEAD_LIMIT, bodies by max_body (413, answered at the head, the
   body then dropped as it comes: the client reads the answer); every request byte one worker holds, heads
-  included, by max_body_in_flight (webhook.room: 503). The API server sends Content-Length bodies and
+  included, by max_body_in_flight (webhook.serving.room: 503). The API server sends Content-Length bodies and
   never Expect or Upgrade: Transfer-Encoding is answered 411, Expect and Upgrade not honoured;
 - small reviews answered on the loop, the rest on gunicorn's `threads`, /metrics on threads of its own
   (METRICS_THREADS, at most METRICS_WAITING scrapes at once: it judges every runtime and may wait on the
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
-from . import metrics
+from ..process import metrics
 from .connection import AnswerPhase, Connection, Phase
 from .room import HEADROOM, Room
 from .wsgi import AppThreads, WSGIApp
@@ -52,7 +52,7 @@ class WorkerOptions:
     handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # request bytes held at once (webhook.room); 0: max_body + HEADROOM
+    max_body_in_flight: int = 0  # request bytes held at once (webhook.serving.room); 0: max_body + HEADROOM
     metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
     metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
@@ -68,7 +68,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class Worker(base.Worker):
-    """The gunicorn worker class: `worker_class = "webhook.worker.Worker"`."""
+    """The gunicorn worker class: `worker_class = "webhook.serving.worker.Worker"`."""
 
     def __init__(self, *args: object, **kwargs: object):
         super().__init__(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""The app side of the worker (webhook.worker): threads that run a WSGI app on whole requests, the app's
+"""The app side of the worker (webhook.serving.worker): threads that run a WSGI app on whole requests, the app's
 result read per PEP 3333 (its close() handed back, to be called once the answer is written), and the
 HTTP/1.1 response head the worker writes for it.
 """

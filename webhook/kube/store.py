@@ -1,6 +1,6 @@
 """The runtime cache of a pod, in one place for all its workers: an LMDB environment in a directory.
 
-One process per pod writes it: the runtime keeper (`webhook.keeper`, `dispatch-admission keep`), in a
+One process per pod writes it: the runtime keeper (`webhook.kube.keeper`, `dispatch-admission keep`), in a
 container of its own in the cluster (a native sidecar sharing the store's volume) or a process `serve`
 starts locally. Every gunicorn worker of the serving container maps the same file read-only. The cache is
 held once per pod, and a worker reads a runtime in a few microseconds without a call to another process
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 import lmdb
 import orjson
 
-from .core.runtimes import MAX_STORED_BYTES, Key, Runtime, key, key_of
+from ..core.runtimes import MAX_STORED_BYTES, Key, Runtime, key, key_of
 
 # The store's hard ceiling: LMDB never grows its file past it (a write past it fails, and is counted). One runtime
 # is stored in at most MAX_STORED_BYTES and a little (a larger one is held as too large to check, in a few hundred
@@ -60,7 +60,7 @@ class StoreWriter:
         self._lock = threading.Lock()  # one write transaction at a time from this process's threads
         self._counts: dict[str, int] = {}
         # Called in a list's transaction with (kind, runtimes listed): the keeper's state to write with it, so a
-        # worker that sees the kind listed sees the state that says so (webhook.keeper).
+        # worker that sees the kind listed sees the state that says so (webhook.kube.keeper).
         self.on_listed: Callable[[str, int], dict] | None = None
 
     @staticmethod

@@ -21,11 +21,11 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .core import reports
-from .core.admission import Admission
-from .core.audit import CredentialSecrets, Finding, Verdict, judge_runtime, judge_trainjob
-from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
-from .core.settings import Settings
+from ..core import reports
+from ..core.admission import Admission
+from ..core.audit import CredentialSecrets, Finding, Verdict, judge_runtime, judge_trainjob
+from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
+from ..core.settings import Settings
 
 EXIT_OK, EXIT_FINDINGS = 0, 1
 # A metadata-only list: which Secrets exist, never their data.
@@ -173,7 +173,7 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
         out: IO[str], err: IO[str], report: bool = False) -> int:
     from kubernetes import client
 
-    from .cluster import api_client
+    from ..kube.cluster import api_client
 
     try:
         connection = api_client(kubeconfig, prefer_kubeconfig=True)

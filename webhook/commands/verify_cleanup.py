@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO
 
-from .core import verify_cleanup as core
+from ..core import verify_cleanup as core
 from .verify import Cluster, _fault
 
 

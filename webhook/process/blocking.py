@@ -1,7 +1,7 @@
 """The "may I block" rule: a thread answering on the worker's event loop must not wait on the network.
 
-The HTTP layer (webhook.connection) marks the inline answer with `NoBlocking`; the readers of the API server
-(webhook.cluster, webhook.live_settings) ask `blocking_allowed()` and raise WouldBlock instead of reading. A
+The HTTP layer (webhook.serving.connection) marks the inline answer with `NoBlocking`; the readers of the API server
+(webhook.kube.cluster, webhook.kube.live_settings) ask `blocking_allowed()` and raise WouldBlock instead of reading. A
 module of its own so the HTTP layer needs no Kubernetes adapter to say so.
 """
 

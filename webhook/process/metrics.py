@@ -8,7 +8,7 @@ PROMETHEUS_MULTIPROC_DIR, a fresh directory when unset): a scrape answered by an
 `start()` was never called (tests, the offline commands).
 
 The runtime cache's families are read at scrape time from the state the keeper writes into the store
-(webhook.keeper): the keeper is another process, in the cluster another container, with no port of its
+(webhook.kube.keeper): the keeper is another process, in the cluster another container, with no port of its
 own; its requests to the API server are added to dispatch_admission_api_requests_total and
 dispatch_admission_api_errors_total beside the workers' own (the settings ConfigMap's).
 
@@ -173,7 +173,7 @@ KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 
 
 def watch_runtime_cache(state: Callable[[], dict] | None, synced: Callable[[str], bool] = lambda kind: True) -> None:
-    """Report the runtime cache from `state()` (webhook.store.STATE's shape) at each scrape; None stops."""
+    """Report the runtime cache from `state()` (webhook.kube.store.STATE's shape) at each scrape; None stops."""
     _cache[:] = [(state, synced)] if state else []
 
 
@@ -238,40 +238,45 @@ class _State(Collector):
                                 " (SPEC 2.1), else 1.", value=1.0 if _settings_valid[0] else 0.0)
 
 
-def _cache_families() -> Iterator[Metric]:
-    """The runtime cache, from the keeper's state in the store (see the module doc)."""
+def _cache_gauges(state: dict, synced_of: Callable[[str], bool]) -> Iterator[Metric]:
+    """Per kind: the cache's size, its last list, its age, and whether it has synced."""
     import time
 
+    kinds = state.get("kinds") or {}
+    families = {
+        "size": GaugeMetricFamily("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.",
+                                  labels=["kind"]),
+        "listed": GaugeMetricFamily("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+                                    "When the runtime keeper last completed a list (Unix time).", labels=["kind"]),
+        "age": GaugeMetricFamily("dispatch_admission_runtime_cache_age_seconds",
+                                 "Seconds since the runtime cache was last confirmed current (a list, a watch event"
+                                 " or bookmark, a watch the API server ended): grows while the keeper is down or"
+                                 " its watch is stuck.", labels=["kind"]),
+    }
+    synced = GaugeMetricFamily("dispatch_admission_runtime_cache_synced",
+                               "1 when the runtime cache has completed its first list, else 0.", labels=["kind"])
+    now = time.time()
+    for kind in KINDS:
+        found = kinds.get(kind) or {}
+        synced.add_metric([kind], 1.0 if synced_of(kind) else 0.0)
+        if found.get("synced"):
+            families["size"].add_metric([kind], float(found.get("size", 0)))
+            families["listed"].add_metric([kind], float(found.get("listed", 0)))
+        if found.get("confirmed"):
+            families["age"].add_metric([kind], max(0.0, now - float(found["confirmed"])))
+    yield from families.values()
+    yield synced
+
+
+def _cache_families() -> Iterator[Metric]:
+    """The runtime cache, from the keeper's state in the store (see the module doc)."""
     for state_of, synced_of in _cache:
         try:
             state = state_of() or {}
         except Exception:  # a scrape never fails over this
             log.exception("reading the runtime keeper's state")
             state = {}
-        kinds = state.get("kinds") or {}
-        families = {
-            "size": GaugeMetricFamily("dispatch_admission_runtime_cache_size", "Runtimes held in the cache.",
-                                      labels=["kind"]),
-            "listed": GaugeMetricFamily("dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
-                                        "When the runtime keeper last completed a list (Unix time).", labels=["kind"]),
-            "age": GaugeMetricFamily("dispatch_admission_runtime_cache_age_seconds",
-                                     "Seconds since the runtime cache was last confirmed current (a list, a watch event"
-                                     " or bookmark, a watch the API server ended): grows while the keeper is down or"
-                                     " its watch is stuck.", labels=["kind"]),
-        }
-        synced = GaugeMetricFamily("dispatch_admission_runtime_cache_synced",
-                                   "1 when the runtime cache has completed its first list, else 0.", labels=["kind"])
-        now = time.time()
-        for kind in KINDS:
-            found = kinds.get(kind) or {}
-            synced.add_metric([kind], 1.0 if synced_of(kind) else 0.0)
-            if found.get("synced"):
-                families["size"].add_metric([kind], float(found.get("size", 0)))
-                families["listed"].add_metric([kind], float(found.get("listed", 0)))
-            if found.get("confirmed"):
-                families["age"].add_metric([kind], max(0.0, now - float(found["confirmed"])))
-        yield from families.values()
-        yield synced
+        yield from _cache_gauges(state, synced_of)
         yield CounterMetricFamily("dispatch_admission_runtime_keeper_starts",
                                   "Runtime keepers started on this pod's store (each restart adds one).",
                                   value=float(state.get("starts", 0)))

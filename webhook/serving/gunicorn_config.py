@@ -1,7 +1,7 @@
 """Gunicorn settings for the webhook, and how they combine with gunicorn's own configuration.
 
 The API server waits at most `timeoutSeconds` (10 s by default) for an answer and keeps its connections
-open, so: the webhook's worker (webhook.worker.Worker: TLS and request reads on an event loop with
+open, so: the webhook's worker (webhook.serving.worker.Worker: TLS and request reads on an event loop with
 deadlines, whole requests to a few threads), keep-alive longer than Go's idle-connection reuse.
 
 Precedence, highest first (gunicorn's own order):
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-WORKER_CLASS = "webhook.worker.Worker"
+WORKER_CLASS = "webhook.serving.worker.Worker"
 
 DEFAULTS: dict = {
     "bind": ["0.0.0.0:8443"],

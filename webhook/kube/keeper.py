@@ -6,9 +6,9 @@ with `restartPolicy: Always`, sharing the store's volume), with its own memory l
 it, backs its restarts off, and its OOM kill never touches the serving container, which goes on answering
 from the last synced store and says how old it is. Locally, `serve` starts one as a plain child process.
 
-Each second it writes its state into the store (webhook.store.STATE): when each kind was last listed and
+Each second it writes its state into the store (webhook.kube.store.STATE): when each kind was last listed and
 last confirmed current, the runtimes held, how often a keeper started on this store, its requests, errors
-and live reads. The serving container exports it (webhook.metrics).
+and live reads. The serving container exports it (webhook.process.metrics).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import signal
 import threading
 import time
 
+from ..core.runtimes import KINDS
 from . import live_reads
 from .cluster import ReadStats, Reflector, RuntimeAPI, api_client
-from .core.runtimes import KINDS
 from .store import StoreFull, StoreWriter, prepare
 
 log = logging.getLogger(__name__)

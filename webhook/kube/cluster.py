@@ -1,9 +1,9 @@
 """Runtimes from the Kubernetes API: a list-and-watch cache, so a review of a known runtime makes no call.
 
-One cache per pod (webhook.store): the runtime keeper (webhook.keeper) lists and watches and writes; the
+One cache per pod (webhook.kube.store): the runtime keeper (webhook.kube.keeper) lists and watches and writes; the
 workers read it (`ClusterRuntimes`). Two workers cost one watch and one copy of the runtimes. A miss is
 confirmed with one live read before it is reported as not found (SPEC 7), made by the keeper for the whole
-pod (webhook.live_reads), so reads of the API server are bounded per pod whatever the reviews name.
+pod (webhook.kube.live_reads), so reads of the API server are bounded per pod whatever the reviews name.
 
 What the keeper's reads hold at once is bounded by bytes whatever the runtimes: a list page is parsed item by
 item as it streams in (one runtime object at a time, at most the API server's object size), never whole.
@@ -18,9 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import heap
-from .blocking import blocking_allowed
-from .core.runtimes import (
+from ..core.runtimes import (
     CLUSTER_KIND,
     GROUP,
     KINDS,
@@ -32,6 +30,8 @@ from .core.runtimes import (
     WouldBlock,
     stored_version,
 )
+from ..process import heap
+from ..process.blocking import blocking_allowed
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def slim(obj: dict, kind: str) -> Runtime:
 
 
 class ReadStats:
-    """What the keeper's reads of the API server did, for the serving container to export (webhook.keeper writes
+    """What the keeper's reads of the API server did, for the serving container to export (webhook.kube.keeper writes
     a snapshot into the store each second): requests and errors per verb and kind, per kind when it last
     completed a list and when its cache was last confirmed current (a list, any watch event, a bookmark, a
     watch the server ended), the runtimes held, and the live reads' outcomes."""
@@ -328,7 +328,7 @@ class _Remembered:
 
 class ClusterRuntimes:
     """The RuntimeSource for a cluster, in a worker: the pod's store, with one live read to confirm a miss,
-    made by the pod's keeper (`live`: webhook.live_reads.LiveReads, bounded per pod; None: none is made).
+    made by the pod's keeper (`live`: webhook.kube.live_reads.LiveReads, bounded per pod; None: none is made).
 
     What a live read answers is remembered here too, a few seconds for a runtime found (until the watch brings
     it to the store), a second for a miss, so a review answered on the worker's loop rarely needs a thread."""

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import metrics
-from .blocking import blocking_allowed
+from ..core import sources
+from ..core.errors import Denied
+from ..core.runtimes import WouldBlock
+from ..core.settings import Settings, doc_reason, parse
+from ..process import metrics
+from ..process.blocking import blocking_allowed
 from .cluster import Backoff
-from .core import sources
-from .core.errors import Denied
-from .core.runtimes import WouldBlock
-from .core.settings import Settings, doc_reason, parse
 
 log = logging.getLogger(__name__)
 
@@ -219,16 +219,6 @@ def fixed_repositories(given: str | None, settings: Settings) -> frozenset[str]:
     allowed = sources.parse_repositories(given) if given is not None else sources.repositories_of(settings)
     sources.check(settings, allowed)
     return allowed
-
-
-def switch_line(source: str, old: Settings, new: Settings) -> dict:
-    """The log line of a switch: what is now in force, and the publish image it replaced (issue 35: a switch of
-    the image that runs in every tenant's node container is never silent)."""
-    return {"msg": "settings switched", "source": source, "manager": new.manager,
-            "publish": new.publish.image if new.publish else None,
-            "previous_publish": old.publish.image if old.publish else None,
-            "via": new.publish.via if new.publish else None,
-            "credentials": [c.name for c in new.credentials]}
 
 
 def configmap_ref(text: str) -> tuple[str, str]:

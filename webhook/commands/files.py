@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import yaml
 
-from .core.errors import Denied
-from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, RuntimeIndex
-from .core.settings import Settings, doc_reason, parse
+from ..core.errors import Denied
+from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, RuntimeIndex
+from ..core.settings import Settings, doc_reason, parse
 
 
 class RuntimeFileError(ValueError):

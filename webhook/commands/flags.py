@@ -1,32 +1,20 @@
-"""The `dispatch-admission` command line (SPEC 7)."""
+"""The `dispatch-admission` command line's flags (SPEC 7): one argparse parser, a function per command.
+
+It loads without the adapters (Flask, the Kubernetes client): `--help` and the reference page
+(tools/gen_docs.py) need none of them. Each command names its handler in webhook.commands.cli.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from datetime import UTC, datetime
-from pathlib import Path
 
-import yaml
-
-from . import __version__, api
-from .certs.context import DEFAULT_CIPHERS
-from .core import settings as settings_mod
-from .core.admission import PREVIOUS_SETTINGS_GRACE, Admission, BadReview, Enforcement, Verb
-from .core.errors import Denied
-from .core.verify_cleanup import MAX_PROBES
-from .files import RuntimeFileError, load_runtimes, load_settings
-
-EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
+from .. import __version__
+from ..certs.context import DEFAULT_CIPHERS
+from ..core.admission import PREVIOUS_SETTINGS_GRACE, Enforcement
+from ..core.verify_cleanup import MAX_PROBES
 
 
-class Unusable(Exception):
-    """Input or settings the command cannot work with: exit 2 with a message on stderr."""
-
-
-def _positive(kind: type):
+def positive(kind: type):
     """An argparse type: a number above 0 (a size or a count of 0 or less would refuse every request)."""
     def parse(text: str):
         value = kind(text)
@@ -37,7 +25,7 @@ def _positive(kind: type):
     return parse
 
 
-def _not_negative(text: str) -> float:
+def not_negative(text: str) -> float:
     """An argparse type: seconds, 0 or more."""
     try:
         value = float(text)
@@ -48,239 +36,17 @@ def _not_negative(text: str) -> float:
     return value
 
 
-def _now(text: str | None):
-    if text is None:
-        return lambda: datetime.now(UTC)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise Unusable(f"--now {text!r} is not an RFC 3339 time such as 2026-11-29T12:00:00Z") from None
-    if moment.tzinfo is None:
-        raise Unusable(f"--now {text!r} needs a time zone (a Z or an offset)")
-    return lambda: moment
-
-
-def _settings(path: str):
-    try:
-        return load_settings(path)
-    except Denied as e:
-        raise Unusable(f"settings {path}: {e}") from None
-
-
-def _admission(args) -> Admission:
-    s = _settings(args.settings)
-    try:
-        runtimes = load_runtimes(args.runtime or [])
-    except RuntimeFileError as e:
-        raise Unusable(f"runtime {e}") from None
-    return Admission(s, runtimes, clock=_now(getattr(args, "now", None)),
-                     enforcement=Enforcement(getattr(args, "enforcement", "enforce")))
-
-
-def cmd_review(args) -> int:
-    admission = _admission(args)
-    try:
-        doc = json.loads(sys.stdin.buffer.read())
-    except (ValueError, RecursionError) as e:
-        raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
-    try:
-        verb = Verb.RUNTIMES if args.runtime_warnings else Verb.VALIDATE if args.validate else Verb.MUTATE
-        response, _ = admission.review(doc, verb)
-    except BadReview as e:
-        raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
-    json.dump(response, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return EXIT_OK
-
-
-def cmd_check(args) -> int:
-    admission = _admission(args)
-    denied = False
-    for path in args.manifests:
-        try:
-            with open(path, encoding="utf-8") as f:
-                docs = [d for d in yaml.safe_load_all(f) if d is not None]
-        except OSError as e:
-            raise Unusable(f"{path}: cannot read: {e.strerror}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise Unusable(f"{path}: not YAML: {e}") from None
-        for n, doc in enumerate(docs, 1):
-            if not isinstance(doc, dict) or doc.get("kind") != "TrainJob":
-                print(f"# {path} document {n}: not a TrainJob, skipped", file=sys.stderr)
-                continue
-            name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
-            result = api.check_with(admission, doc, uid=f"{path}#{n}")
-            for w in result.warnings:
-                print(f"warning: {path}: TrainJob {name}: {w}", file=sys.stderr)
-            if not result.allowed:
-                denied = True
-                st = result.status
-                assert st is not None  # a denial carries its Status
-                print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
-                print(st["message"])
-                for cause in st["details"]["causes"]:
-                    print(f"  * {cause['field']}: {cause['message']}")
-            else:
-                print(f"# {path}: TrainJob {name} admitted")
-                print("---")
-                sys.stdout.write(yaml.safe_dump(result.trainjob, sort_keys=False))
-    return EXIT_DENIED if denied else EXIT_OK
-
-
-def cmd_settings_check(args) -> int:
-    try:
-        load_settings(args.file)
-    except Denied as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_DENIED
-    print(f"{args.file}: valid")
-    return EXIT_OK
-
-
-def cmd_settings_schema(args) -> int:
-    json.dump(settings_mod.schema(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return EXIT_OK
-
-
-def cmd_audit(args) -> int:
-    from . import audit
-
-    s = _settings(args.settings)
-    try:
-        code = audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr,
-                         report=args.report)
-    except audit.ClusterUnreadable as e:
-        raise Unusable(f"cannot read the cluster: {e}") from None
-    return EXIT_OK if args.exit_zero and code == 1 else code
-
-
-def cmd_verify(args) -> int:
-    from . import verify
-
-    if args.cleanup:
-        return _verify_cleanup(args)
-    if args.all_namespaces:
-        raise Unusable("--all-namespaces goes with --cleanup only (the probes of one run go in one namespace)")
-    if not args.runtime:
-        raise Unusable("--runtime KIND/NAME is required (or --cleanup, to remove the probes earlier runs left)")
-    s = _settings(args.settings) if args.settings else None
-    try:
-        opts = verify.Options(
-            runtime=args.runtime, namespace=args.namespace, kubeconfig=args.kubeconfig, settings=s,
-            per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
-            labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output,
-            max_probes=args.max_probes)
-        verify.parse_runtime(args.runtime)
-        return verify.run(opts, sys.stdout, sys.stderr)
-    except verify.Unusable as e:
-        raise Unusable(str(e)) from None
-
-
-def _verify_cleanup(args) -> int:
-    from . import verify, verify_cleanup
-
-    if args.runtime:
-        raise Unusable("--cleanup makes no probe: leave out --runtime")
-    if args.all_namespaces and args.namespace:
-        raise Unusable("--cleanup: --namespace or --all-namespaces, not both")
-    opts = verify_cleanup.Options(namespace=args.namespace, all_namespaces=args.all_namespaces,
-                                  kubeconfig=args.kubeconfig, output=args.output)
-    try:
-        return verify_cleanup.run(opts, sys.stdout)
-    except verify.Unusable as e:
-        raise Unusable(str(e)) from None
-
-
-def cmd_certs(args) -> int:
-    from . import certs
-
-    written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
-    for p in written:
-        print(p)
-    return EXIT_OK
-
-
-def cmd_certificates(args) -> int:
-    import logging
-    import os
-    import time
-
-    from . import certs
-    from .cluster import api_client
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
-    controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
-                                             certs.service_names(args.tls_service, namespace),
-                                             args.webhook_configuration, args.ca_secret)
-    while True:
-        try:
-            controller.sync()
-        except Exception as e:  # the API refused or cannot be reached: the pods keep serving, try again
-            if args.once:
-                raise Unusable(f"{type(e).__name__}: {str(e)[:500]}") from None
-            print(json.dumps({"msg": "certificate sync failed", "error": str(e)[:300]}), file=sys.stderr)
-        if args.once:
-            return EXIT_OK
-        time.sleep(args.every)
-
-
-WILDCARDS = ("", "0.0.0.0", "::", "*")
-LOOPBACK = ("localhost", "127.0.0.1")
-
-
-def _one_listener(a: str, b: str) -> bool:
-    """Do two HOST:PORT binds name one listener (the same port, and the same host or a wildcard)?"""
-    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
-    host_a, host_b = host_a.strip("[]"), host_b.strip("[]")
-    return port_a == port_b and (host_a == host_b or host_a in WILDCARDS or host_b in WILDCARDS
-                                 or (host_a in LOOPBACK and host_b in LOOPBACK))
-
-
-def cmd_serve(args) -> int:
-    from . import metrics, server
-
-    bind = args.bind or (server.DEV_BIND if args.dev else None)
-    if not bind and not args.gunicorn_config and "GUNICORN_CMD_ARGS" not in os.environ:
-        from .gunicorn_config import DEFAULTS
-
-        bind = DEFAULTS["bind"][0]
-    if args.metrics_bind and bind and _one_listener(args.metrics_bind, bind):
-        given = "--bind" if args.bind else "--bind's default"
-        raise Unusable(f"--metrics-bind {args.metrics_bind} is the port {given} serves ({bind}): the metrics need a"
-                       " port of their own")
-    metrics.start()  # in the master, before the workers fork: the families in multiprocess mode
-    return server.run(args)
-
-
-def cmd_keep(args) -> int:
-    import logging
-
-    from . import keeper
-
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format="%(message)s")
-    return keeper.run(args.runtime_store, args.kubeconfig, rate=args.live_reads_per_second,
-                      burst=args.live_reads_burst, fresh=args.fresh, parent=args.parent)
-
-
 def _live_read_flags(p: argparse.ArgumentParser) -> None:
-    from .live_reads import DEFAULT_BURST, DEFAULT_RATE
+    from ..kube.live_reads import DEFAULT_BURST, DEFAULT_RATE
 
-    p.add_argument("--live-reads-per-second", type=_positive(float), default=DEFAULT_RATE, metavar="N",
+    p.add_argument("--live-reads-per-second", type=positive(float), default=DEFAULT_RATE, metavar="N",
                    help=f"live reads of the API server a second for the whole pod, on a cache miss (default"
                         f" {DEFAULT_RATE:g}); over it, a review naming a runtime the cache lacks gets ErrUnavailable")
-    p.add_argument("--live-reads-burst", type=_positive(int), default=DEFAULT_BURST, metavar="N",
+    p.add_argument("--live-reads-burst", type=positive(int), default=DEFAULT_BURST, metavar="N",
                    help=f"live reads at once after a quiet spell (default {DEFAULT_BURST})")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dispatch-admission",
-                                description="Admission webhook for Kubeflow Trainer TrainJobs: "
-                                            "the dispatch publish mount.")
-    p.add_argument("--version", action="version", version=f"dispatch-admission {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _serve_flags(sub) -> None:
     s = sub.add_parser("serve", help="serve /mutate, /validate and /runtimes over TLS with gunicorn")
     s.add_argument("--settings", help="settings JSON file, followed while serving (default: the embedded example"
                                       " with --dev)")
@@ -302,12 +68,12 @@ def parser() -> argparse.ArgumentParser:
                    help="process: start `dispatch-admission keep` beside the workers (emptying --runtime-store first);"
                         " external: another container keeps --runtime-store (the chart's native sidecar)")
     _live_read_flags(s)
-    s.add_argument("--workers", type=_positive(int), default=None,
+    s.add_argument("--workers", type=positive(int), default=None,
                    help="gunicorn workers (default: gunicorn's configuration, else 2)")
     s.add_argument("-c", "--gunicorn-config", metavar="FILE",
                    help="a gunicorn configuration file (Python), as `gunicorn -c` reads; GUNICORN_CMD_ARGS is read too;"
                         " serve's own flags win over both")
-    s.add_argument("--read-timeout", type=_positive(float), default=None, metavar="SECONDS",
+    s.add_argument("--read-timeout", type=positive(float), default=None, metavar="SECONDS",
                    help="a client has this long to complete the TLS handshake, and to send a whole request once it"
                         " has started (default 5)")
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
@@ -316,10 +82,15 @@ def parser() -> argparse.ArgumentParser:
                    help="the repositories the settings' publish.image may name, fixed for the server's life: settings"
                         " naming another are refused (live: the last good ones kept); empty: none (default: the"
                         " repository of the settings it starts with)")
-    s.add_argument("--previous-settings-grace", type=_not_negative, default=PREVIOUS_SETTINGS_GRACE,
+    s.add_argument("--previous-settings-grace", type=not_negative, default=PREVIOUS_SETTINGS_GRACE,
                    metavar="SECONDS", help="after a settings switch, the previous settings' entry is still accepted on"
                    f" CREATE this long (default {PREVIOUS_SETTINGS_GRACE:.0f}); 0: refused at once, the way to revoke"
                    " a publish digest")
+    _serve_tls_flags(s)
+    s.set_defaults(handler="serve")
+
+
+def _serve_tls_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--client-ca", help="require client certificates signed by this CA (the API server's)")
     s.add_argument("--client-subject", action="append", metavar="CN",
                    help="with --client-ca: accept a client certificate only when its subject common name is CN"
@@ -333,9 +104,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--runtime-metric-labels", action="store_true",
                    help="export dispatch_admission_runtime_ready per runtime (kind, namespace, name); default: only"
                         " counts per kind, so /metrics names no tenant's runtimes")
-    s.add_argument("--max-body", type=_positive(int), default=None,
+    s.add_argument("--max-body", type=positive(int), default=None,
                    help="largest request body in bytes (default 7 MiB)")
-    s.add_argument("--max-body-in-flight", type=_positive(int), default=None, metavar="BYTES",
+    s.add_argument("--max-body-in-flight", type=positive(int), default=None, metavar="BYTES",
                    help="request bytes (heads and bodies) one worker holds at once; a request that would go over"
                         " it, once slow ones have given way, is answered 503 (default: --max-body plus 1 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -348,8 +119,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --tls-secret: only read the pair, which `dispatch-admission certificates` issues; never"
                         " create or write the Secret, nor the caBundle")
     s.add_argument("--namespace", help="namespace of the Secret and Service (default: $POD_NAMESPACE)")
-    s.set_defaults(func=cmd_serve)
 
+
+def _keep_flags(sub) -> None:
     k = sub.add_parser("keep", help="the runtime keeper: list and watch the runtimes into the pod's store, and make the"
                                     " pod's live reads (the chart's sidecar; serve starts one locally)")
     k.add_argument("--runtime-store", required=True, metavar="DIR", help="the store's directory, shared with serve")
@@ -359,8 +131,10 @@ def parser() -> argparse.ArgumentParser:
                                                         " the workers answer from until the keeper has listed again)")
     k.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # serve's pid: die with it
     k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    k.set_defaults(func=cmd_keep)
+    k.set_defaults(handler="keep")
 
+
+def _certificates_flags(sub) -> None:
     k = sub.add_parser("certificates", help="self-managed certificates' controller: keep a CA and serving pair in"
                                             " the Secret and the CA in the webhook configurations' caBundle")
     k.add_argument("--tls-secret", required=True, help="the Secret the serving pods read (serve --tls-read-only): the"
@@ -374,8 +148,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--kubeconfig", help="default: in-cluster, then KUBECONFIG")
     k.add_argument("--once", action="store_true", help="one sync, then exit (default: every --every seconds)")
     k.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="time between syncs (default 10)")
-    k.set_defaults(func=cmd_certificates)
+    k.set_defaults(handler="certificates")
 
+
+def _review_flags(sub) -> None:
     r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
     r.add_argument("--settings", required=True)
     r.add_argument("--runtime", action="append", required=True)
@@ -385,8 +161,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--now", help="fix the clock (RFC 3339), for reproducible output")
     r.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
                    help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
-    r.set_defaults(func=cmd_review)
+    r.set_defaults(handler="review")
 
+
+def _check_flags(sub) -> None:
     c = sub.add_parser("check", help="mutate and validate TrainJob manifests offline")
     c.add_argument("--settings", required=True)
     c.add_argument("--runtime", action="append", required=True)
@@ -394,16 +172,20 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
                    help="warn: report what enforce would deny as warnings, and exit 0")
     c.add_argument("manifests", nargs="+")
-    c.set_defaults(func=cmd_check)
+    c.set_defaults(handler="check")
 
+
+def _settings_flags(sub) -> None:
     st = sub.add_parser("settings", help="check a settings file or print the settings JSON Schema")
     stsub = st.add_subparsers(dest="settings_command", required=True)
     sc = stsub.add_parser("check", help="exit 0 when FILE is valid settings, 1 with the ErrInvalid message")
     sc.add_argument("file")
-    sc.set_defaults(func=cmd_settings_check)
+    sc.set_defaults(handler="settings_check")
     ss = stsub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the settings")
-    ss.set_defaults(func=cmd_settings_schema)
+    ss.set_defaults(handler="settings_schema")
 
+
+def _audit_flags(sub) -> None:
     a = sub.add_parser("audit", help="judge the cluster's runtimes and TrainJobs with the webhook's rules (read only,"
                                      " but for the OpenReports --report writes)")
     a.add_argument("--settings", required=True)
@@ -418,8 +200,10 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--exit-zero", action="store_true",
                    help="exit 0 when objects are not ok (a scheduled run: its findings are in the reports); 2 still"
                         " means the settings or the cluster were unusable")
-    a.set_defaults(func=cmd_audit)
+    a.set_defaults(handler="audit")
 
+
+def _verify_flags(sub) -> None:
     v = sub.add_parser("verify", help="prove the publish route on a live cluster: run probe TrainJobs through the"
                        " installed webhook and report the stage each reached (SPEC 9)")
     v.add_argument("--runtime", metavar="KIND/NAME",
@@ -430,7 +214,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--settings", help="the webhook's settings: the stored entry and pod template are checked"
                    " against them (default: its manager is the default one, and the entry is read as it is)")
     v.add_argument("--per-node", action="store_true", help="one probe per schedulable node, each pinned to it")
-    v.add_argument("--max-probes", type=_positive(int), default=MAX_PROBES, metavar="N",
+    v.add_argument("--max-probes", type=positive(int), default=MAX_PROBES, metavar="N",
                    help=f"refuse (exit 2) a run that would make more probes than this (default {MAX_PROBES}): each"
                         " asks for what the runtime's pods do, GPUs included")
     v.add_argument("--image", help="the trainer image (default: the runtime's)")
@@ -447,33 +231,30 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--command", dest="probe_command", nargs=argparse.REMAINDER, metavar="ARG",
                    help="the trainer command, in place of /opt/dispatch/publish --help (last: it takes every"
                         " argument after it)")
-    v.set_defaults(func=cmd_verify)
+    v.set_defaults(handler="verify")
 
+
+def _certs_flags(sub) -> None:
     ce = sub.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
     ce.add_argument("--service", required=True)
     ce.add_argument("--namespace", required=True)
     ce.add_argument("--out", required=True)
-    ce.set_defaults(func=cmd_certs)
+    ce.set_defaults(handler="certs")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dispatch-admission",
+                                description="Admission webhook for Kubeflow Trainer TrainJobs: "
+                                            "the dispatch publish mount.")
+    p.add_argument("--version", action="version", version=f"dispatch-admission {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _serve_flags(sub)
+    _keep_flags(sub)
+    _certificates_flags(sub)
+    _review_flags(sub)
+    _check_flags(sub)
+    _settings_flags(sub)
+    _audit_flags(sub)
+    _verify_flags(sub)
+    _certs_flags(sub)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:  # argparse exits 2 on usage errors, which is our "unusable input" too
-        return int(e.code or 0)
-    try:
-        return args.func(args)
-    except Unusable as e:
-        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    except Denied as e:
-        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .core import verify as core
-from .core import verify_causes as causes
-from .core import verify_cleanup as leftovers
-from .core import verify_report as report
-from .core.patch import Entry, entry_secrets
-from .core.rules import runtime_facts
-from .core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
-from .core.settings import DEFAULT_MANAGER, Settings
+from ..core import verify as core
+from ..core import verify_causes as causes
+from ..core import verify_cleanup as leftovers
+from ..core import verify_report as report
+from ..core.patch import Entry, entry_secrets
+from ..core.rules import runtime_facts
+from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
+from ..core.settings import DEFAULT_MANAGER, Settings
 
 # The names `verify --runtime` takes for a kind: its kind, plural or singular, any case.
 KIND_NAMES = {name: kind for kind in KINDS for name in (kind.lower(), PLURALS[kind], PLURALS[kind][:-1])}
@@ -124,7 +124,7 @@ class Cluster:
     def __init__(self, kubeconfig: str | None):
         from kubernetes import client
 
-        from .cluster import api_client
+        from ..kube.cluster import api_client
 
         try:
             self.client = api_client(kubeconfig, prefer_kubeconfig=True)

@@ -1,0 +1,1 @@
+"""The commands: the CLI and what each command runs (serve, audit, verify, ...)."""

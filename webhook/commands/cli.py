@@ -1,0 +1,278 @@
+"""The `dispatch-admission` command line (SPEC 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from .. import api
+from ..core import settings as settings_mod
+from ..core.admission import Admission, BadReview, Enforcement, Verb
+from ..core.errors import Denied
+from .files import RuntimeFileError, load_runtimes, load_settings
+from .flags import parser
+
+EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
+
+
+class Unusable(Exception):
+    """Input or settings the command cannot work with: exit 2 with a message on stderr."""
+
+
+def _now(text: str | None):
+    if text is None:
+        return lambda: datetime.now(UTC)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Unusable(f"--now {text!r} is not an RFC 3339 time such as 2026-11-29T12:00:00Z") from None
+    if moment.tzinfo is None:
+        raise Unusable(f"--now {text!r} needs a time zone (a Z or an offset)")
+    return lambda: moment
+
+
+def _settings(path: str):
+    try:
+        return load_settings(path)
+    except Denied as e:
+        raise Unusable(f"settings {path}: {e}") from None
+
+
+def _admission(args) -> Admission:
+    s = _settings(args.settings)
+    try:
+        runtimes = load_runtimes(args.runtime or [])
+    except RuntimeFileError as e:
+        raise Unusable(f"runtime {e}") from None
+    return Admission(s, runtimes, clock=_now(getattr(args, "now", None)),
+                     enforcement=Enforcement(getattr(args, "enforcement", "enforce")))
+
+
+def cmd_review(args) -> int:
+    admission = _admission(args)
+    try:
+        doc = json.loads(sys.stdin.buffer.read())
+    except (ValueError, RecursionError) as e:
+        raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
+    try:
+        verb = Verb.RUNTIMES if args.runtime_warnings else Verb.VALIDATE if args.validate else Verb.MUTATE
+        response, _ = admission.review(doc, verb)
+    except BadReview as e:
+        raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
+    json.dump(response, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
+
+
+def cmd_check(args) -> int:
+    admission = _admission(args)
+    denied = False
+    for path in args.manifests:
+        try:
+            with open(path, encoding="utf-8") as f:
+                docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        except OSError as e:
+            raise Unusable(f"{path}: cannot read: {e.strerror}") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise Unusable(f"{path}: not YAML: {e}") from None
+        for n, doc in enumerate(docs, 1):
+            if not isinstance(doc, dict) or doc.get("kind") != "TrainJob":
+                print(f"# {path} document {n}: not a TrainJob, skipped", file=sys.stderr)
+                continue
+            name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
+            result = api.check_with(admission, doc, uid=f"{path}#{n}")
+            for w in result.warnings:
+                print(f"warning: {path}: TrainJob {name}: {w}", file=sys.stderr)
+            if not result.allowed:
+                denied = True
+                st = result.status
+                assert st is not None  # a denial carries its Status
+                print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
+                print(st["message"])
+                for cause in st["details"]["causes"]:
+                    print(f"  * {cause['field']}: {cause['message']}")
+            else:
+                print(f"# {path}: TrainJob {name} admitted")
+                print("---")
+                sys.stdout.write(yaml.safe_dump(result.trainjob, sort_keys=False))
+    return EXIT_DENIED if denied else EXIT_OK
+
+
+def cmd_settings_check(args) -> int:
+    try:
+        load_settings(args.file)
+    except Denied as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_DENIED
+    print(f"{args.file}: valid")
+    return EXIT_OK
+
+
+def cmd_settings_schema(args) -> int:
+    json.dump(settings_mod.schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
+
+
+def cmd_audit(args) -> int:
+    from . import audit
+
+    s = _settings(args.settings)
+    try:
+        code = audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr,
+                         report=args.report)
+    except audit.ClusterUnreadable as e:
+        raise Unusable(f"cannot read the cluster: {e}") from None
+    return EXIT_OK if args.exit_zero and code == 1 else code
+
+
+def cmd_verify(args) -> int:
+    from . import verify
+
+    if args.cleanup:
+        return _verify_cleanup(args)
+    if args.all_namespaces:
+        raise Unusable("--all-namespaces goes with --cleanup only (the probes of one run go in one namespace)")
+    if not args.runtime:
+        raise Unusable("--runtime KIND/NAME is required (or --cleanup, to remove the probes earlier runs left)")
+    s = _settings(args.settings) if args.settings else None
+    try:
+        opts = verify.Options(
+            runtime=args.runtime, namespace=args.namespace, kubeconfig=args.kubeconfig, settings=s,
+            per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
+            labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output,
+            max_probes=args.max_probes)
+        verify.parse_runtime(args.runtime)
+        return verify.run(opts, sys.stdout, sys.stderr)
+    except verify.Unusable as e:
+        raise Unusable(str(e)) from None
+
+
+def _verify_cleanup(args) -> int:
+    from . import verify, verify_cleanup
+
+    if args.runtime:
+        raise Unusable("--cleanup makes no probe: leave out --runtime")
+    if args.all_namespaces and args.namespace:
+        raise Unusable("--cleanup: --namespace or --all-namespaces, not both")
+    opts = verify_cleanup.Options(namespace=args.namespace, all_namespaces=args.all_namespaces,
+                                  kubeconfig=args.kubeconfig, output=args.output)
+    try:
+        return verify_cleanup.run(opts, sys.stdout)
+    except verify.Unusable as e:
+        raise Unusable(str(e)) from None
+
+
+def cmd_certs(args) -> int:
+    from .. import certs
+
+    written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    for p in written:
+        print(p)
+    return EXIT_OK
+
+
+def cmd_certificates(args) -> int:
+    import logging
+    import os
+    import time
+
+    from .. import certs
+    from ..kube.cluster import api_client
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
+    controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
+                                             certs.service_names(args.tls_service, namespace),
+                                             args.webhook_configuration, args.ca_secret)
+    while True:
+        try:
+            controller.sync()
+        except Exception as e:  # the API refused or cannot be reached: the pods keep serving, try again
+            if args.once:
+                raise Unusable(f"{type(e).__name__}: {str(e)[:500]}") from None
+            print(json.dumps({"msg": "certificate sync failed", "error": str(e)[:300]}), file=sys.stderr)
+        if args.once:
+            return EXIT_OK
+        time.sleep(args.every)
+
+
+WILDCARDS = ("", "0.0.0.0", "::", "*")
+LOOPBACK = ("localhost", "127.0.0.1")
+
+
+def _one_listener(a: str, b: str) -> bool:
+    """Do two HOST:PORT binds name one listener (the same port, and the same host or a wildcard)?"""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    host_a, host_b = host_a.strip("[]"), host_b.strip("[]")
+    return port_a == port_b and (host_a == host_b or host_a in WILDCARDS or host_b in WILDCARDS
+                                 or (host_a in LOOPBACK and host_b in LOOPBACK))
+
+
+def cmd_serve(args) -> int:
+    import logging
+
+    from ..process import metrics
+    from . import serve
+
+    bind = args.bind or (serve.DEV_BIND if args.dev else None)
+    if not bind and not args.gunicorn_config and "GUNICORN_CMD_ARGS" not in os.environ:
+        from ..serving.gunicorn_config import DEFAULTS
+
+        bind = DEFAULTS["bind"][0]
+    if args.metrics_bind and bind and _one_listener(args.metrics_bind, bind):
+        given = "--bind" if args.bind else "--bind's default"
+        raise Unusable(f"--metrics-bind {args.metrics_bind} is the port {given} serves ({bind}): the metrics need a"
+                       " port of their own")
+    files = args.runtime or (args.dev and not args.kubeconfig)  # --dev's example runtimes
+    if args.runtime_keeper == "external" and not args.runtime_store and not files:
+        raise Unusable("--runtime-keeper external needs --runtime-store, the directory the other container keeps")
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format="%(message)s")
+    metrics.start()  # in the master, before the workers fork: the families in multiprocess mode
+    try:
+        return serve.run(serve.serve_config(args))
+    except Denied as e:  # settings, certificate or runtime files that cannot be served
+        print(f"dispatch-admission serve: {e}", file=sys.stderr)
+        return EXIT_DENIED
+
+
+def cmd_keep(args) -> int:
+    import logging
+
+    from ..kube import keeper
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format="%(message)s")
+    return keeper.run(args.runtime_store, args.kubeconfig, rate=args.live_reads_per_second,
+                      burst=args.live_reads_burst, fresh=args.fresh, parent=args.parent)
+
+
+HANDLERS = {"serve": cmd_serve, "keep": cmd_keep, "certificates": cmd_certificates, "review": cmd_review,
+            "check": cmd_check, "settings_check": cmd_settings_check, "settings_schema": cmd_settings_schema,
+            "audit": cmd_audit, "verify": cmd_verify, "certs": cmd_certs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, which is our "unusable input" too
+        return int(e.code or 0)
+    try:
+        return HANDLERS[args.handler](args)
+    except Unusable as e:
+        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except Denied as e:
+        print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

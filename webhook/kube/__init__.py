@@ -1,0 +1,1 @@
+"""The Kubernetes adapters: the runtime watch and cache, live reads, live settings, token reviews."""

@@ -1,0 +1,266 @@
+"""The webhook's WSGI app (SPEC 7): the review paths answered by a request cycle of their own, the probes and
+/metrics routed by Flask, and the Flask app of the metrics listener (`serve --metrics-bind`).
+
+The review paths are answered before Flask's request machinery: a request context, URL matching and a
+Response object cost more than a review does. Everything else is Flask's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.wsgi import get_content_length
+
+from ..core.admission import (
+    MUTATE,
+    PREVIOUS_SETTINGS_GRACE,
+    RUNTIMES,
+    VALIDATE,
+    Admission,
+    BadReview,
+    Enforcement,
+    Verb,
+)
+from ..core.decision import Outcome
+from ..core.review import AdmissionReview
+from ..core.runtimes import RuntimeSource, WouldBlock
+from ..core.settings import Settings
+from ..core.sources import switch_line
+from ..process import metrics
+from .codec import dumps, loads
+from .review_log import ReviewLog
+from .worker import DEFAULT_MAX_BODY
+from .wsgi import error_body
+
+log = logging.getLogger("dispatch_admission")
+review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
+
+REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
+STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
+          405: "405 Method Not Allowed", 413: "413 Content Too Large", 415: "415 Unsupported Media Type",
+          429: "429 Too Many Requests", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
+OPS_ONLY = "only /metrics, /healthz and /readyz are served on this port"
+
+Account = Callable[[], None]  # a review's metrics and log line, run once its answer is written
+
+
+class FollowedSettings(Protocol):
+    """Settings followed while serving (webhook.kube.live_settings: a ConfigMap or a file)."""
+
+    where: str
+
+    def start(self, on_change: Callable[[Settings], None]) -> None: ...
+
+    def refresh(self) -> Settings | None: ...
+
+
+class MetricsGate(Protocol):
+    """Who may read /metrics (webhook.kube.metrics_auth): None to serve, else (HTTP status, why)."""
+
+    def check(self, authorization: str | None) -> tuple[int, str] | None: ...
+
+
+class Answered(list):
+    """A review's WSGI result: its body, and its accounting run by close(), which the server calls once the
+    request is complete (PEP 3333), i.e. after the answer is written."""
+
+    __slots__ = ("close",)
+
+    def __init__(self, body: bytes, account: Account):
+        super().__init__((body,))
+        self.close = account
+
+
+def refused(code: int, message: str) -> bytes:
+    """A request refused before review: counted, and answered with the worker's error body."""
+    metrics.get().bad_requests.labels(str(code)).inc()
+    return error_body(code, message)
+
+
+def json_response(body: dict, code: int) -> Response:
+    return Response(dumps(body), status=code, mimetype="application/json")
+
+
+class Reviews:
+    """The review paths: POST /mutate, /validate and /runtimes over one Admission, any other method 405; every
+    other path handed to Flask. One call is one request cycle: read the body, review, answer, and hand back
+    the accounting to run after the answer is sent (off the API server's clock)."""
+
+    def __init__(self, admission: Admission, others: Callable, *, max_body: int, review_log: ReviewLog):
+        self.admission, self.others, self.max_body, self.review_log = admission, others, max_body, review_log
+        self.families = metrics.get()
+        self.latency = {v: self.families.latency.labels(v.value) for v in Verb}
+
+    def __call__(self, environ: dict, start_response: Callable):
+        verb = REVIEW_PATHS.get(environ.get("PATH_INFO", ""))
+        if verb is None:
+            return self.others(environ, start_response)
+        extra: list[tuple[str, str]] = []
+        account: Account | None = None
+        if environ.get("REQUEST_METHOD") != "POST":
+            code, body, extra = 405, refused(405, "the review paths take POST only"), [("Allow", "POST")]
+        else:
+            try:
+                code, body, account = self.answer(verb, environ)
+            except WouldBlock:
+                raise  # the worker runs it again on a thread that may block (webhook.serving.connection)
+            except Exception:  # a fault of ours; the worker lives on
+                log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
+                code, body = 500, INTERNAL
+        start_response(STATUS[code], [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                      *extra])
+        return Answered(body, account) if account is not None else [body]
+
+    def answer(self, verb: Verb, environ: dict) -> tuple[int, bytes, Account | None]:
+        """(HTTP status, JSON body, the review's accounting) for one review request."""
+        started = time.perf_counter()
+        mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        if mimetype != "application/json":
+            return 415, refused(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}"), None
+        content_length = get_content_length(environ) or 0  # the worker hands whole bodies, with their length
+        if content_length > self.max_body:
+            return 413, refused(413, f"the body is over the limit of {self.max_body} bytes"), None
+        try:
+            doc = loads(environ["wsgi.input"].read(content_length))
+        except (ValueError, RecursionError) as e:
+            return 400, refused(400, f"the body is not JSON: {str(e)[:200]}"), None
+        try:
+            response, outcome = self.admission.review(doc, verb)
+        except BadReview as e:
+            return 400, refused(400, f"not an AdmissionReview v1: {e}"), None
+        except RecursionError:  # the envelope itself nested too deeply (the core judges a deep object)
+            return 400, refused(400, "not an AdmissionReview v1: nested too deeply"), None
+        elapsed = time.perf_counter() - started
+        return 200, dumps(response), lambda: self.account(verb, response, outcome, elapsed)
+
+    def account(self, verb: Verb, response: AdmissionReview, outcome: Outcome, elapsed: float) -> None:
+        """The review's metrics and, where the review log is on, its line."""
+        self.latency[verb].observe(elapsed)
+        self.families.reviews.labels(verb.value, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+        would_deny = outcome.would_deny
+        metrics.count_would_deny(self.families, would_deny)
+        if not (outcome.intercepted and self.review_log.enabled):
+            return
+        self.review_log.write({
+            "msg": "review", "endpoint": verb.value, "uid": outcome.uid, "operation": outcome.operation,
+            "namespace": outcome.namespace, "name": outcome.name, "allowed": outcome.allowed,
+            "sentinel": outcome.sentinel or None, "patched": bool(outcome.ops and outcome.allowed),
+            "warnings": len(outcome.warnings), "ms": round(elapsed * 1000, 3),
+            **({"would_deny": [{"sentinel": s, "rule": r} for s, r in would_deny]} if would_deny else {}),
+            **({"message": response["response"]["status"]["message"][:1000]} if not outcome.allowed else {}),
+        })
+
+
+def _errors(app: Flask, not_found: str | None = None) -> None:
+    """Flask's refusals as the worker's error bodies (counted); a fault of ours a 500, the worker living on."""
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException):
+        message = not_found if not_found and isinstance(e, NotFound) else e.description or e.name
+        allowed = getattr(e, "valid_methods", None)  # a 405 says which methods the path takes
+        headers = {"Allow": ", ".join(allowed)} if allowed else {}
+        return Response(refused(e.code or 400, message), status=e.code or 400, mimetype="application/json",
+                        headers=headers)
+
+    @app.errorhandler(Exception)
+    def unexpected(e: Exception):
+        log.exception("unexpected error serving %s", request.path)
+        return json_response({"error": "internal error in dispatch-admission", "code": 500}, 500)
+
+
+def _probes(app: Flask, readiness: Callable[[], dict[str, bool]]) -> None:
+    @app.get("/healthz")
+    def healthz():
+        return json_response({"status": "ok"}, 200)
+
+    @app.get("/readyz")
+    def readyz():
+        checks = readiness()
+        return json_response({"ready": all(checks.values()), "checks": checks}, 200 if all(checks.values()) else 503)
+
+
+def _metrics_route(app: Flask) -> None:
+    @app.get("/metrics")
+    def metrics_endpoint():
+        body, content_type = metrics.exposition()
+        return Response(body, status=200, content_type=content_type)
+
+
+class MetricsFilter:
+    """In front of the metrics listener's app, as kubebuilder's metrics filter: a request for /metrics whose
+    token the gate refuses is answered here, before Flask (a flood of random tokens costs a tenth of what it
+    would through Flask's request machinery, CPU the reviews of the same worker need)."""
+
+    def __init__(self, app: Callable, gate: MetricsGate):
+        self.app, self.gate = app, gate
+
+    def __call__(self, environ: dict, start_response: Callable):
+        why = self.gate.check(environ.get("HTTP_AUTHORIZATION")) if environ.get("PATH_INFO") == "/metrics" else None
+        if why is None:
+            return self.app(environ, start_response)
+        code, text = why
+        body = refused(code, text)
+        extra = ([("WWW-Authenticate", 'Bearer realm="metrics"')] if code == 401 else
+                 [("Retry-After", "1")] if code == 429 else [])
+        start_response(STATUS.get(code, f"{code} Error"), [("Content-Type", "application/json"),
+                                                           ("Content-Length", str(len(body))), *extra])
+        return [body]
+
+
+def _follow(admission: Admission, live: FollowedSettings, on_switch: Callable[[Settings], None] | None) -> None:
+    """Switch to the settings `live` hands over (SPEC 2.1), logged and counted, and tell `on_switch`."""
+
+    def switched(new: Settings) -> None:
+        old = admission.settings
+        if admission.switch(new):
+            metrics.get().settings_switches.inc()
+            log.info(json.dumps(switch_line(live.where, old, new)))
+            if on_switch is not None:
+                on_switch(new)
+
+    live.start(switched)
+
+
+def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
+               max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
+               enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True,
+               live: FollowedSettings | None = None, on_switch: Callable[[Settings], None] | None = None,
+               grace: float = PREVIOUS_SETTINGS_GRACE) -> Flask:
+    """The application factory: the review paths over one Admission, and Flask's routes. `serve_metrics` False
+    leaves /metrics to a port of its own (serve --metrics-bind). `live`, where given, is followed: the settings
+    it hands over are switched to (and `on_switch` told), and it is read again before an S4 refusal (SPEC 2.1);
+    the settings switched away from stay acceptable on CREATE for `grace` seconds."""
+    app = Flask("dispatch_admission")
+    admission = Admission(settings, runtimes, enforcement=enforcement, refresh=live.refresh if live else None,
+                          grace=grace)
+    if live is not None:
+        _follow(admission, live, on_switch)
+    _probes(app, lambda: {"settings": True, "certificate": tls_loaded(), "runtimes": runtimes.ready()})
+    if serve_metrics:
+        _metrics_route(app)
+    _errors(app)
+    app.wsgi_app = Reviews(admission, app.wsgi_app, max_body=max_body,  # type: ignore[method-assign]
+                           review_log=review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO)))
+    return app
+
+
+def metrics_app(main: Flask, gate: MetricsGate | None = None) -> Flask:
+    """The listener of `serve --metrics-bind`: GET /metrics, and the main app's /healthz and /readyz (for kubelet
+    probes when the TLS port requires client certificates); nothing else, so a NetworkPolicy can open this port
+    to Prometheus without opening the review paths. `gate` (`--metrics-auth`): /metrics only for a token the
+    API server authenticates and authorizes."""
+    app = Flask("dispatch_admission_metrics")
+    for path in ("/healthz", "/readyz"):
+        app.add_url_rule(path, endpoint=path.strip("/"), view_func=main.view_functions[path.strip("/")])
+    _metrics_route(app)
+    _errors(app, not_found=OPS_ONLY)
+    if gate is not None:
+        app.wsgi_app = MetricsFilter(app.wsgi_app, gate)  # type: ignore[method-assign]
+    return app
