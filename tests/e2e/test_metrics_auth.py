@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 
+import pytest
 import requests
 
 from tests.helpers import metric_total, review, trainjob
@@ -76,6 +77,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@pytest.mark.timing
 def test_a_flood_of_random_tokens_cannot_reach_admission(env, serve):
     """Issue 33, item 5: four clients send random bearer tokens to /metrics as fast as they can for ten
     seconds. TrainJob reviews sent meanwhile are answered as fast as before the flood, a Prometheus

@@ -82,6 +82,7 @@ def worker_pids(master: int) -> set[int]:
     return {int(p) for p in open(f"/proc/{master}/task/{master}/children").read().split()}
 
 
+@pytest.mark.timing
 def test_a_flood_of_heads_and_small_bodies_stays_in_the_room(server):
     base, ca, log, proc = server.url, server.ca, server.log, server.process
     port = server.port

@@ -47,6 +47,7 @@ def server(serve_module, tmp_path_factory, api):
                         kubeconfig=kubeconfig, metrics=True)
 
 
+@pytest.mark.timing
 def test_scrapes_held_by_the_api_server_never_hold_reviews(server, api):
     base, ca, metrics_url = server.url, server.ca, server.metrics_url
 

@@ -14,6 +14,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
 from tests.helpers import eventually, metric_total, review, trainjob
@@ -40,6 +41,7 @@ def timed_reviews(session: requests.Session, base: str, ca: str, n: int) -> list
     return took
 
 
+@pytest.mark.timing
 def test_reviews_are_answered_while_stderr_is_a_full_pipe(tmp_path):
     certs.write_dev_pair(tmp_path / "certs", ["localhost", "127.0.0.1"])
     port = free_port()

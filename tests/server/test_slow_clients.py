@@ -19,6 +19,7 @@ import statistics
 import threading
 import time
 
+import pytest
 import requests
 
 from tests.helpers import review, trainjob
@@ -152,6 +153,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+@pytest.mark.timing
 def test_spec_7_stalled_clients_cannot_starve_reviews(serve):
     server = serve("--log-level", "warning")
     base, ca, log, port = server.url, server.ca, server.log, server.port
