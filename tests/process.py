@@ -88,14 +88,16 @@ def webhook_server(tmp: Path, *args: str, cert_dir: Path | None = None, env: dic
         stop(proc)
 
 
-def eventually(check, what: str, timeout: float = 20, every: float = 0.1):
-    """`check()`'s first truthy value, polled until `timeout`: for what a server writes a moment after it
-    answers (the review log goes through a queue and a writer thread)."""
+def eventually(check, what: str, timeout: float = 20, every: float = 0.1, detail=None):
+    """`check()`'s first truthy value, polled every `every` seconds until `timeout`: the one waiter of the suites
+    (for what a server writes a moment after it answers, or what a cluster converges to). On timeout the
+    AssertionError names `what` and adds `detail()`, when given (what the cluster looks like)."""
     deadline = time.monotonic() + timeout
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} (waited {timeout:.0f}s)")
+            more = f":\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"{what} (waited {timeout:.0f}s){more}")
         time.sleep(every)

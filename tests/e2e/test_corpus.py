@@ -29,7 +29,7 @@ from tests.corpus_cases import CASES, Verdict, run, with_init_container
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import start_cluster
-from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
+from tests.e2e.trainer import start_trainer, trainer_webhooks
 from tests.process import stop
 
 VERSION = "v1alpha1"
@@ -97,10 +97,10 @@ def api(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("corpus")
     with contextlib.ExitStack() as stack:
         cluster = start_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), " (corpus)")
-        proc, port = _start_trainer(cluster, tmp)
+        proc, port = start_trainer(cluster, tmp)
         stack.callback(stop, proc)
         ca = (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()
-        for doc in _trainer_webhooks(port, ca):
+        for doc in trainer_webhooks(port, ca):
             cluster.apply(doc)
         yield Api(cluster, client.CustomObjectsApi(config.new_client_from_config(config_file=cluster.kubeconfig)))
 

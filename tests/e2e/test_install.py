@@ -47,20 +47,21 @@ from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
-from tests.e2e.registry import FileEntry, write_layer
-from tests.e2e.test_node import (
+from tests.e2e.node_env import (
     CREDS_PATH,
     IN_POD_CHECKS,
     NS,
     assert_complete,
     assert_in_pod_checks,
     assert_only_our_mount,
+    ensure_namespaces,
     entry,
     logs,
     pods_of,
-    start_trainer_on_node,
+    reset_workloads,
     trainjob,
 )
+from tests.e2e.registry import FileEntry, write_layer
 from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_total
 from tests.process import eventually, stop
 
@@ -305,11 +306,14 @@ def webhook_values(images: Images, image: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def inst(tmp_path_factory):
+def inst(shared_node, tmp_path_factory):
+    """The chart installed on the shared node; after the module, the release and every workload gone."""
+    nc = shared_node
+    c = nc.cluster
     tmp = tmp_path_factory.mktemp("install")
+    ensure_namespaces(c, LOAD_NS)
     with contextlib.ExitStack() as stack:
-        nc = start_trainer_on_node(stack, tmp, (NS, LOAD_NS))
-        c = nc.cluster
+        stack.callback(reset_workloads, c, (NS, LOAD_NS))  # last: after the release (its webhooks) is gone
         # The session's image (built once, by test_image.py when it ran first), pushed to this node's registry.
         started = time.monotonic()
         webhook_image = image_mod.build_webhook_image(nc.registry)
@@ -329,7 +333,6 @@ def inst(tmp_path_factory):
                                  f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
         print(f"helm install --wait: {env.installed_in:.0f}s")
         yield env
-    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 
 
 def _uninstall_leftovers(env: Installed) -> None:

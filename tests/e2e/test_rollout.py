@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from tests.e2e import toolchain
-from tests.e2e.conftest import _LOGS, Webhook, start_cluster, webhooks_swapped
+from tests.e2e.cluster import LOGS
+from tests.e2e.conftest import start_cluster
+from tests.e2e.webhooks import Webhook, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_samples, mount_patch, runtime, trainjob
 from tests.process import webhook_server
 from webhook import api
@@ -34,7 +36,7 @@ def warn_hook(env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("warn")
     with webhook_server(tmp, "--settings", str(ROUTE1), "--kubeconfig", env.cluster.kubeconfig, "--enforcement", "warn",
                         env={"PROMETHEUS_MULTIPROC_DIR": ""}) as (url, ca, log, proc):
-        _LOGS["webhook warn"] = log
+        LOGS["webhook warn"] = log
         yield Webhook(url, ca, log, proc)
 
 

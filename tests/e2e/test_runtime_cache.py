@@ -15,7 +15,7 @@ import sys
 
 import requests
 
-from tests.e2e.conftest import Webhook
+from tests.e2e.webhooks import Webhook
 from tests.helpers import EXAMPLES, review, runtime, trainjob
 from tests.process import ROOT, eventually, stop, webhook_server
 

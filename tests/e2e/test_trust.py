@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import webhooks_swapped
 from tests.e2e.test_helm import (
     BASE,
     CHART,
@@ -29,6 +28,7 @@ from tests.e2e.test_helm import (
     rendered,
     run_helm,
 )
+from tests.e2e.webhooks import webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, trainjob
 from tests.process import eventually, free_port, webhook_server
 
