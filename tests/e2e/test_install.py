@@ -56,6 +56,7 @@ from tests.e2e.node_env import (
     assert_only_our_mount,
     ensure_namespaces,
     entry,
+    kube,
     logs,
     pods_of,
     reset_workloads,
@@ -208,11 +209,13 @@ class Load:
     def wait_creates(self, n: int, timeout: float = 300) -> None:
         """Until `n` more creates have been answered (the load keeps going meanwhile)."""
         target = self.count() + n
-        deadline = time.monotonic() + timeout
-        while self.count() < target:
-            assert time.monotonic() < deadline, f"the load made {self.count()} of {target} creates"
+
+        def made() -> bool:
             assert any(t.is_alive() for t in self._threads), "the load stopped"
-            time.sleep(0.2)
+            return self.count() >= target
+
+        eventually(made, f"the load made {target} creates", timeout, every=0.2,
+                   detail=lambda: f"{self.count()} of {target}")
 
     def stop(self) -> list[Create]:
         self._stop.set()
@@ -281,8 +284,7 @@ class Installed:
         return got
 
     def pods(self) -> list[dict]:
-        got = self.cluster.kubectl("get", "pods", "-n", RNS, "-l", SELECTOR, "-o", "json")
-        return json.loads(got.stdout)["items"]
+        return kube(self.cluster).pods(RNS, SELECTOR)
 
     def ready_pods(self) -> list[dict]:
         return [p for p in self.pods() if not p["metadata"].get("deletionTimestamp") and any(
@@ -292,14 +294,14 @@ class Installed:
         """The Deployment rolled out, `replicas` ready pods and no other (none terminating)."""
         self.cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RNS, f"--timeout={int(timeout)}s",
                              timeout=timeout + 30)
-        deadline = time.monotonic() + timeout
-        while True:
-            pods, ready = self.pods(), self.ready_pods()
-            if len(pods) == replicas and len(ready) == replicas:
-                return ready
-            assert time.monotonic() < deadline, [(p["metadata"]["name"], p.get("status", {}).get("phase"))
-                                                 for p in pods]
-            time.sleep(0.5)
+
+        def settled() -> list[dict] | None:
+            ready = self.ready_pods()
+            return ready if len(self.pods()) == replicas and len(ready) == replicas else None
+
+        return eventually(settled, f"{replicas} ready webhook pods and no other", timeout, every=0.5,
+                          detail=lambda: json.dumps([(p["metadata"]["name"], p.get("status", {}).get("phase"))
+                                                     for p in self.pods()]))
 
 
 def webhook_values(images: Images, image: str) -> dict:
@@ -606,10 +608,7 @@ def test_helm_test_fails_and_says_why_when_no_webhook_pod_answers(inst):
     assert c.get("deployment", FULL, RNS)["metadata"]["generation"] == generation, "no rollout for a test value"
     c.kubectl("scale", f"deployment/{FULL}", "-n", RNS, "--replicas=0")
     try:
-        deadline = time.monotonic() + 120
-        while inst.pods():
-            assert time.monotonic() < deadline, "the webhook pods did not go"
-            time.sleep(0.5)
+        eventually(lambda: not inst.pods(), "the webhook pods gone", 120, every=0.5)
         got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "3m", check=False)
         print(got.stdout[-3000:], got.stderr[-3000:])
         assert got.returncode != 0
@@ -695,10 +694,7 @@ def test_break_glass_with_every_replica_down(inst):
         return job
 
     def until(what: str, check, timeout: float = 60):
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.5)
+        eventually(check, what, timeout, every=0.5)
 
     c.apply(held("glass-held"))  # while the webhook answers: a TrainJob another controller still holds
     c.kubectl("delete", "trainjob", "glass-held", "-n", NS, "--wait=false")
@@ -825,30 +821,26 @@ def test_certificate_secret_deleted_a_new_pair_is_issued_and_trusted_without_a_f
         load.wait_creates(10)
         began = load.now()
         c.kubectl("delete", "secret", CA_SECRET, SECRET, "-n", RNS)
-        deadline = time.monotonic() + 120
-        while True:  # a replica notices (it reads the Secret every 10 s) and issues a new pair
+        started = time.monotonic()
+
+        def issued_pair() -> dict | None:  # a replica notices (it reads the Secret every 10 s) and issues a new pair
             new = secret_files(c)
-            if new and new.get("ca.crt") and new["ca.crt"] != old["ca.crt"]:
-                break
-            assert time.monotonic() < deadline, "no new pair was issued"
-            time.sleep(0.5)
+            return new if new and new.get("ca.crt") and new["ca.crt"] != old["ca.crt"] else None
+
+        new = eventually(issued_pair, "a new pair issued", 120, every=0.5)
         issued = load.now() - began
-        while True:  # both pods serve it
+
+        def both_serve() -> bool:
             pods = inst.ready_pods()
-            if len(pods) == 2 and all(serves(p, new) for p in pods):
-                break
-            assert time.monotonic() < deadline, "the pods do not serve the new pair"
-            time.sleep(0.5)
+            return len(pods) == 2 and all(serves(p, new) for p in pods)
+
+        eventually(both_serve, "both pods serve the new pair", max(1.0, 120 - (time.monotonic() - started)), every=0.5)
         switched = load.now() - began
         for hook, found in bundles(c).items():
             assert new["ca.crt"] in found, f"{hook}: the new CA is not trusted"
-        deadline = time.monotonic() + 180
-        while True:  # then the old CA leaves the bundle (60 s after the replicas switched)
-            current = bundles(c)
-            if all(found == [new["ca.crt"]] for found in current.values()):
-                break
-            assert time.monotonic() < deadline, f"the old CA stayed in the caBundle: {current.keys()}"
-            time.sleep(1)
+        # then the old CA leaves the bundle (60 s after the replicas switched)
+        eventually(lambda: all(found == [new["ca.crt"]] for found in bundles(c).values()),
+                   "the old CA gone from the caBundle", 180, every=1, detail=lambda: str(bundles(c).keys()))
         pruned = load.now() - began
         load.wait_creates(20)
     finally:
@@ -932,18 +924,15 @@ def test_a_settings_configmap_edited_to_invalid_json_fails_no_create(inst):
         began = load.now()
         c.kubectl("patch", "configmap", cm, "-n", RNS, "--type=merge", "-p",
                   json.dumps({"data": {"settings.json": "{not json"}}))
-        deadline = time.monotonic() + 60
-        while not all(settings_valid(p) == 0 for p in inst.ready_pods()):
-            assert time.monotonic() < deadline, "dispatch_admission_settings_valid never read 0"
-            time.sleep(0.5)
+        eventually(lambda: all(settings_valid(p) == 0 for p in inst.ready_pods()),
+                   "dispatch_admission_settings_valid read 0", 60, every=0.5)
         refused_in = load.now() - began
         load.wait_creates(20)
         assert len(inst.ready_pods()) == 2, "a replica stopped being ready"
         c.kubectl("patch", "configmap", cm, "-n", RNS, "--type=merge", "-p",
                   json.dumps({"data": {"settings.json": good}}))
-        while not all(settings_valid(p) == 1 for p in inst.ready_pods()):
-            assert time.monotonic() < deadline, "dispatch_admission_settings_valid stayed 0 after the fix"
-            time.sleep(0.5)
+        eventually(lambda: all(settings_valid(p) == 1 for p in inst.ready_pods()),
+                   "dispatch_admission_settings_valid back to 1 after the fix", 60, every=0.5)
         load.wait_creates(10)
     finally:
         results = load.stop()
@@ -1337,10 +1326,12 @@ def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainj
         began = load.now()
         got = inst.helm_run("uninstall", RELEASE, "-n", RNS, "--wait", "--timeout", "5m")
         took = load.now() - began
-        deadline = time.monotonic() + 120
-        while "webhook pods" not in gone:  # the pods go after their Deployment, each draining first
-            assert time.monotonic() < deadline and watcher.is_alive(), f"the webhook pods stayed: {gone}"
-            time.sleep(0.5)
+
+        def pods_gone() -> bool:  # the pods go after their Deployment, each draining first
+            assert watcher.is_alive(), f"the watcher stopped: {gone}"
+            return "webhook pods" in gone
+
+        eventually(pods_gone, "the webhook pods gone", 120, every=0.5, detail=lambda: json.dumps(gone))
         load.wait_creates(20)
     finally:
         done.set()

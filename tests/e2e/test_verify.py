@@ -29,7 +29,7 @@ from tests.e2e.node import identity, kubeconfig_for
 from tests.e2e.node_env import NS, node_pod
 from tests.e2e.webhooks import ROUTE_LABEL, Webhook, webhooks_swapped
 from tests.helpers import MANAGER, ROOT
-from tests.process import webhook_server
+from tests.process import eventually, webhook_server
 from webhook.core.verify import PROBE_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, probe_trainjob
 
 TOO_BIG = "torch-too-big"
@@ -143,12 +143,10 @@ def left_behind(c) -> dict[str, list[str]]:
 
 
 def wait_nothing_left(c, timeout: float = 0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = left_behind(c)
-        if not any(left.values()) or time.monotonic() >= deadline:
-            return left
-        time.sleep(1)
+    """What is left behind once nothing is, or when `timeout` has passed (for the caller to compare)."""
+    with contextlib.suppress(AssertionError):
+        eventually(lambda: not any(left_behind(c).values()), "nothing left behind", timeout, every=0.5)
+    return left_behind(c)
 
 
 def wait_mutation(c, what: str, check) -> None:
@@ -156,13 +154,15 @@ def wait_mutation(c, what: str, check) -> None:
     dry-run create comes back as `check` wants (its informer trails the write by a moment)."""
     probe = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
              "metadata": {"name": "swap-check", "namespace": NS}, "spec": {"runtimeRef": {"name": "torch-distributed"}}}
-    deadline = time.monotonic() + 60
-    while True:
+    last: list = []
+
+    def caught_up() -> bool:
         got = c.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(probe), check=False)
-        if got.returncode == 0 and check(json.loads(got.stdout)):
-            return
-        assert time.monotonic() < deadline, f"the webhook configurations never {what}: {got.stdout[-2000:]}{got.stderr}"
-        time.sleep(0.5)
+        last[:] = [got]
+        return got.returncode == 0 and check(json.loads(got.stdout))
+
+    eventually(caught_up, f"the webhook configurations {what}", 60, every=0.5,
+               detail=lambda: f"{last[0].stdout[-2000:]}{last[0].stderr}")
 
 
 def publish_image(job: dict) -> str | None:
@@ -358,11 +358,12 @@ def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, s
     c = node_env.cluster
     proc = start(c.kubeconfig, "--runtime", pending_claim, "--namespace", NS, "--timeout", "300")
     try:
-        deadline = time.monotonic() + 120
-        while not left_behind(c)["pods"]:  # in the middle: the TrainJob, its JobSet and its (pending) pod exist
+
+        def in_the_middle() -> bool:  # the TrainJob, its JobSet and its (pending) pod exist
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"no probe pod appeared: {left_behind(c)}"
-            time.sleep(0.5)
+            return bool(left_behind(c)["pods"])
+
+        eventually(in_the_middle, "a probe pod appeared", 120, every=0.5, detail=lambda: json.dumps(left_behind(c)))
         time.sleep(3)  # the scheduler's verdict on the pod: waiting on the claim, not an end
         assert proc.poll() is None, proc.communicate()
         print(f"before {sig.name}: {left_behind(c)}")
