@@ -695,7 +695,8 @@ def start_node_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path],
     registry = Registry.start(tmp / "registry")
     stack.callback(registry.stop)
     stack.callback(node.stop)  # runs first: it needs the API server and the registry
-    logs["etcd"], logs["kube-apiserver"], logs["registry"] = cluster.etcd_log, cluster.apiserver_log, registry.log
+    logs["etcd (node)"], logs["kube-apiserver (node)"] = cluster.etcd_log, cluster.apiserver_log
+    logs["registry (node)"] = registry.log
     node.start_network()
     cluster.start()
     cluster.install_crds(crds)
