@@ -257,6 +257,14 @@ class Kube:
                          label_selector=selector)
         return (got or {}).get("items", [])
 
+    def custom_list_all(self, group: str, version: str, plural: str, selector: str = "") -> list[dict]:
+        """Every object of the kind in every namespace."""
+        got = self._read(self.custom.list_cluster_custom_object, group, version, plural, label_selector=selector)
+        return (got or {}).get("items", [])
+
+    def pods_all(self, selector: str = "") -> list[dict]:
+        return self._read(self.core.list_pod_for_all_namespaces, label_selector=selector)["items"]
+
     def pod(self, name: str, namespace: str) -> dict | None:
         return self._read(self.core.read_namespaced_pod, name, namespace)
 

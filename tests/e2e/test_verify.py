@@ -26,7 +26,7 @@ import pytest
 
 from tests.e2e.cluster import LOGS
 from tests.e2e.node import identity, kubeconfig_for
-from tests.e2e.node_env import NS, node_pod
+from tests.e2e.node_env import NS, kube, node_pod
 from tests.e2e.webhooks import ROUTE_LABEL, Webhook, webhooks_swapped
 from tests.helpers import MANAGER, ROOT
 from tests.process import eventually, webhook_server
@@ -132,9 +132,10 @@ def user_kubeconfig(c, user: str = "verifier", namespace: str = USER_NS, rules_n
 
 def left_behind(c) -> dict[str, list[str]]:
     """Every probe TrainJob, JobSet and pod in the cluster (by the label, and by the probes' JobSet names)."""
-    jobs = json.loads(c.kubectl("get", "trainjobs", "-A", "-l", PROBE_LABEL, "-o", "json").stdout)["items"]
-    jobsets = json.loads(c.kubectl("get", "jobsets", "-A", "-o", "json").stdout)["items"]
-    pods = json.loads(c.kubectl("get", "pods", "-A", "-l", JOBSET_NAME, "-o", "json").stdout)["items"]
+    k = kube(c)
+    jobs = k.custom_list_all("trainer.kubeflow.org", "v1alpha1", "trainjobs", PROBE_LABEL)
+    jobsets = k.custom_list_all("jobset.x-k8s.io", "v1alpha2", "jobsets")
+    pods = k.pods_all(JOBSET_NAME)
     return {"trainjobs": [j["metadata"]["name"] for j in jobs],
             "jobsets": [j["metadata"]["name"] for j in jobsets if j["metadata"]["name"].startswith("verify-")
                         or PROBE_LABEL in (j["metadata"].get("labels") or {})],
