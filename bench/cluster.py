@@ -39,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from tests.e2e import toolchain  # noqa: E402
-from tests.e2e.conftest import start_cluster, start_our_webhooks, webhooks_swapped  # noqa: E402
-from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks  # noqa: E402
+from tests.e2e.conftest import start_cluster  # noqa: E402
+from tests.e2e.trainer import start_trainer, trainer_webhooks  # noqa: E402
+from tests.e2e.webhooks import start_our_webhooks, webhooks_swapped  # noqa: E402
 from tests.helpers import EXAMPLES, review, trainjob  # noqa: E402
 from tests.process import stop, webhook_server  # noqa: E402
 
@@ -330,9 +331,9 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "",
         runtimes = toolchain.trainer_module() / "manifests" / "base" / "runtimes"
         cluster.kubectl("apply", "-f", str(runtimes / "torch_distributed.yaml"))
         cluster.kubectl("create", "namespace", NS)
-        proc, port = _start_trainer(cluster, tmp)
+        proc, port = start_trainer(cluster, tmp)
         stack.callback(stop, proc)
-        for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
+        for doc in trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
             cluster.apply(doc)
         custom = api(cluster, max(levels) * 2)
         if kyverno == "only":

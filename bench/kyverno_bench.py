@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from tests.e2e import cel, kyverno
-from tests.e2e.conftest import Webhook, webhooks_swapped
+from tests.e2e.webhooks import Webhook, webhooks_swapped
 from tests.helpers import EXAMPLES, trainjob
 from tests.process import webhook_server
 

@@ -205,15 +205,17 @@ def metric_total(text: str, name: str, /, **labels: str) -> float:
     return sum(metric_samples(text, name, **labels))
 
 
-def eventually(check, what: str, timeout: float = 20, every: float = 0.1):
+def eventually(check, what: str, timeout: float = 20, every: float = 0.1, detail=None):
     """`check()`'s first truthy value, polled every `every` seconds until `timeout`, then an AssertionError
-    naming `what`: the one waiter of the tests, for what a process does a moment after it answers (a
-    metric counted after the answer is written, a log line through a queue, a watch delivering a change)."""
+    naming `what` (and `detail()`, when given: what the cluster looks like): the one waiter of the tests, for what
+    a process does a moment after it answers (a metric counted after the answer is written, a log line through a
+    queue, a watch delivering a change) or what a cluster converges to."""
     deadline = time.monotonic() + timeout
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} (waited {timeout:.0f}s)")
+            more = f":\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"{what} (waited {timeout:.0f}s){more}")
         time.sleep(every)

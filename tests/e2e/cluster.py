@@ -20,6 +20,9 @@ from tests.e2e import toolchain
 from tests.process import free_port, stop
 from webhook import certs
 
+# Every server process's log, by name: the failure report (conftest.py) appends what each wrote during a failed test.
+LOGS: dict[str, Path] = {}
+
 
 def _write(path: Path, data: bytes) -> str:
     path.write_bytes(data)

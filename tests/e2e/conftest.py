@@ -1,4 +1,5 @@
-"""Session fixtures: the control plane, Trainer's CRDs, the example runtimes, and our webhook registered by URL.
+"""Session fixtures: the control plane, Trainer's CRDs, the example runtimes, and our webhook registered by URL;
+and the one-node cluster the node suites share (`shared_node`, `node_env`).
 
 Two webhook processes run against the cluster's watch: route 1 (the default) and route 2, chosen per
 TrainJob by the label `dispatch-e2e/route: "2"` through the webhook configurations' objectSelector.
@@ -6,7 +7,6 @@ TrainJob by the label `dispatch-e2e/route: "2"` through the webhook configuratio
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import toolchain
+from tests.e2e.cluster import LOGS as _LOGS
 from tests.e2e.cluster import ControlPlane, logs_since
+from tests.e2e.node_env import NS, NodeEnv, ensure_namespaces, reset_workloads, start_trainer_on_node, webhook_settings
+from tests.e2e.webhooks import Webhook, start_our_webhooks
 from tests.helpers import EXAMPLES
-from tests.process import Webhook, webhook_server
-
-ROUTE_LABEL = "dispatch-e2e/route"
-SKIP_MUTATION_LABEL = "dispatch-e2e/skip-mutation"
-_LOGS: dict[str, Path] = {}
 
 
 def pytest_report_header(config):
@@ -49,6 +47,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("node"))
         elif path.name not in INDEPENDENT:
             item.add_marker(pytest.mark.xdist_group(f"e2e/{path.name}"))
+    # Without xdist: the node suites one after another (at the place of the first), so the shared node is up
+    # only while they run.
+    on_node = [i for i in items if "tests/e2e/" in str(i.fspath) and Path(str(i.fspath)).name in NODE_SUITES]
+    if on_node:
+        first = items.index(on_node[0])
+        rest = [i for i in items if i not in set(on_node)]
+        items[:] = rest[:first] + on_node + rest[first:]
 
 
 @pytest.fixture(autouse=True)
@@ -78,76 +83,6 @@ class Env:
     route2: Webhook
 
 
-def webhook_configurations(route1: Webhook, route2: Webhook) -> list[dict]:
-    """Mutating and validating configurations for both routes, reached by URL."""
-
-    def bundle(hook):
-        return base64.b64encode(Path(hook.ca).read_bytes()).decode()
-
-    rules = [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
-              "operations": ["CREATE", "UPDATE"], "scope": "*"}]
-    ns = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}
-
-    def hook(name, wh, path, route_op, extra_exprs=(), failure="Fail", reinvoke=False):
-        h = {
-            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "timeoutSeconds": 10,
-            "failurePolicy": failure, "matchPolicy": "Equivalent", "rules": rules, "namespaceSelector": ns,
-            "objectSelector": {"matchExpressions": [{"key": ROUTE_LABEL, "operator": route_op, "values": ["2"]},
-                                                    *extra_exprs]},
-            "clientConfig": {"url": wh.url + path, "caBundle": bundle(wh)},
-        }
-        if reinvoke:
-            h["reinvocationPolicy"] = "IfNeeded"
-        return h
-
-    skip = {"key": SKIP_MUTATION_LABEL, "operator": "DoesNotExist"}
-    return [
-        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": "dispatch-admission-e2e"},
-         "webhooks": [hook("mutate.route1.dispatch.go.phpboyscout.uk", route1, "/mutate", "NotIn", [skip], "Fail",
-                           True),
-                      hook("mutate.route2.dispatch.go.phpboyscout.uk", route2, "/mutate", "In", [skip], "Fail", True)]},
-        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": "dispatch-admission-e2e"},
-         "webhooks": [hook("validate.route1.dispatch.go.phpboyscout.uk", route1, "/validate", "NotIn"),
-                      hook("validate.route2.dispatch.go.phpboyscout.uk", route2, "/validate", "In")]},
-    ]
-
-
-def start_our_webhooks(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, suffix: str = "",
-                       settings: tuple[Path, Path] | None = None) -> list[Webhook]:
-    """Route 1 and route 2 webhook processes on the cluster's watch, registered by URL; `settings`: their
-    settings files (the examples' route1.json and route2.json unless given)."""
-    hooks = []
-    files = settings or (EXAMPLES / "settings" / "route1.json", EXAMPLES / "settings" / "route2.json")
-    for name, path in zip(("route1", "route2"), files, strict=True):
-        hook = stack.enter_context(webhook_server(
-            tmp / name, "--settings", str(path), "--kubeconfig", cluster.kubeconfig,
-            "--runtime-metric-labels",  # per-runtime readiness series: test_rollout reads them (off by default)
-            env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS[f"webhook {name}{suffix}"] = hook.log
-        hooks.append(hook)
-    for doc in webhook_configurations(*hooks):
-        cluster.apply(doc)
-    return hooks
-
-
-@contextlib.contextmanager
-def webhooks_swapped(cluster: ControlPlane, installed: list[Webhook], replacement: list[Webhook] | None):
-    """Point our configurations at other webhook processes, or (None) take them away; restore after."""
-    if replacement is None:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
-                        "dispatch-admission-e2e")
-    else:
-        for doc in webhook_configurations(*replacement):
-            cluster.apply(doc)
-    try:
-        yield
-    finally:
-        for doc in webhook_configurations(*installed):
-            cluster.apply(doc)
-
-
 def start_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path], suffix: str = "") -> ControlPlane:
     """etcd and kube-apiserver (stopped with the stack), the CRDs installed, namespace team-a made."""
     cluster = ControlPlane(tmp / "control-plane")
@@ -174,3 +109,30 @@ def env(tmp_path_factory):
         for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
             cluster.kubectl("apply", "-f", str(f))
         yield Env(cluster, *start_our_webhooks(stack, cluster, tmp))
+
+
+# ---- the one-node cluster of the node suites (test_node, test_verify, test_kueue, test_install) ----
+
+@pytest.fixture(scope="session")
+def shared_node(tmp_path_factory):
+    """The one-node cluster, started once for the node suites (tests/e2e/node_env.py says what it holds); each
+    suite's module fixture adds its own and resets the node after itself."""
+    tmp = tmp_path_factory.mktemp("node")
+    with contextlib.ExitStack() as stack:
+        nc = start_trainer_on_node(stack, tmp)
+        yield nc
+    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
+
+
+@pytest.fixture(scope="module")
+def node_env(shared_node, tmp_path_factory):
+    """test_node's and test_verify's: our webhook as two processes on the shared node (settings naming the publish
+    image the harness pushed) and namespace team-q; the node reset after the module."""
+    nc = shared_node
+    c = nc.cluster
+    tmp = tmp_path_factory.mktemp("node-env")
+    ensure_namespaces(c, "team-q")
+    with contextlib.ExitStack() as stack:
+        hooks = start_our_webhooks(stack, c, tmp, " (node)", webhook_settings(tmp, nc.images))
+        stack.callback(reset_workloads, c, (NS, "team-q"))  # before the webhook processes stop
+        yield NodeEnv(nc, c, nc.images, hooks[0], hooks[1], tmp)

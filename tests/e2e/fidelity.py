@@ -23,8 +23,9 @@ import yaml
 
 from tests import bypass
 from tests.e2e import kyverno
-from tests.e2e.conftest import _LOGS, Webhook
+from tests.e2e.cluster import LOGS
 from tests.e2e.kyverno import ENGINE_LABEL, SKIP_MUTATION_LABEL
+from tests.e2e.webhooks import Webhook
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, mutated, pod_patch, runtime, stock_runtimes, trainjob
 from tests.process import webhook_server
 from webhook.core.admission import Admission
@@ -452,6 +453,6 @@ def serve_ours(stack, cluster, tmp, beside: str) -> None:
     url, ca, log, proc = stack.enter_context(webhook_server(
         tmp / "ours", "--settings", str(EXAMPLES / "settings" / "route1.json"), "--kubeconfig", cluster.kubeconfig,
         env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-    _LOGS[f"webhook (beside {beside})"] = log
+    LOGS[f"webhook (beside {beside})"] = log
     for doc in kyverno.our_configurations(Webhook(url, ca, log, proc)):
         cluster.apply(doc)

@@ -48,7 +48,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.registry import FileEntry, Registry, busybox_layer, write_layer
-from tests.process import free_port, stop
+from tests.process import eventually, free_port, stop
 
 NODE_NAME = "dispatch-e2e-node"
 BRIDGE = "dspe2e0"
@@ -275,22 +275,22 @@ def build_images(registry: Registry, workdir: Path) -> Images:
 # ---- the node ----
 
 def _wait(what: str, check, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            got = check()
-            if got:
-                return got
-        except Exception as e:  # noqa: BLE001 - report the last error on timeout
-            last = e
+    """eventually() for a process we started: fails at once if it exits, and reports its log and the last error."""
+    last: list[Exception] = []
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-4000:] if log else ""
+
+    def ready():
         if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-4000:] if log else ""
-            raise RuntimeError(f"{what}: process exited {proc.returncode}:\n{tail}")
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-4000:] if log else ""
-            raise RuntimeError(f"{what} not ready after {timeout:.0f}s ({last}):\n{tail}")
-        time.sleep(0.5)
+            raise RuntimeError(f"{what}: process exited {proc.returncode}:\n{tail()}")
+        try:
+            return check()
+        except Exception as e:  # noqa: BLE001 - reported on timeout
+            last[:] = [e]
+            return None
+
+    return eventually(ready, f"{what} ready", timeout, every=0.5, detail=lambda: f"({last}):\n{tail()}")
 
 
 def _https_ok(url: str) -> bool:
@@ -695,7 +695,8 @@ def start_node_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path],
     registry = Registry.start(tmp / "registry")
     stack.callback(registry.stop)
     stack.callback(node.stop)  # runs first: it needs the API server and the registry
-    logs["etcd"], logs["kube-apiserver"], logs["registry"] = cluster.etcd_log, cluster.apiserver_log, registry.log
+    logs["etcd (node)"], logs["kube-apiserver (node)"] = cluster.etcd_log, cluster.apiserver_log
+    logs["registry (node)"] = registry.log
     node.start_network()
     cluster.start()
     cluster.install_crds(crds)

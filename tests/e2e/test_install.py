@@ -17,7 +17,7 @@ How calls travel here:
 Then the rollout and faults, measured as the API server sees them: a client creates TrainJobs (suspended,
 so nothing runs) continuously over loopback while the Deployment is restarted, a pod is deleted, the
 certificate Secret is deleted and the release upgraded, counting every failed or slow create and timing each.
-The figures table is printed (run with -s to see it).
+Each phase prints its row of the figures table (docs/performance.md; run with -s to see it).
 """
 
 from __future__ import annotations
@@ -47,20 +47,22 @@ from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
-from tests.e2e.registry import FileEntry, write_layer
-from tests.e2e.test_node import (
+from tests.e2e.node_env import (
     CREDS_PATH,
     IN_POD_CHECKS,
     NS,
     assert_complete,
     assert_in_pod_checks,
     assert_only_our_mount,
+    ensure_namespaces,
     entry,
+    kube,
     logs,
     pods_of,
-    start_trainer_on_node,
+    reset_workloads,
     trainjob,
 )
+from tests.e2e.registry import FileEntry, write_layer
 from tests.helpers import EXAMPLES, MANAGER, ROOT, metric_total
 from tests.process import eventually, stop
 
@@ -78,7 +80,6 @@ CREDENTIALS = [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPa
 SLOW = 1.0  # seconds: a create slower than this is counted as slow
 UPGRADE = "helm upgrade (new settings)"
 INVALID_EDIT = "settings ConfigMap edited to invalid JSON"
-FIGURES: dict[str, dict] = {}
 
 
 # ---- the API server, spoken to directly (the load client and the pollers) ----
@@ -208,11 +209,13 @@ class Load:
     def wait_creates(self, n: int, timeout: float = 300) -> None:
         """Until `n` more creates have been answered (the load keeps going meanwhile)."""
         target = self.count() + n
-        deadline = time.monotonic() + timeout
-        while self.count() < target:
-            assert time.monotonic() < deadline, f"the load made {self.count()} of {target} creates"
+
+        def made() -> bool:
             assert any(t.is_alive() for t in self._threads), "the load stopped"
-            time.sleep(0.2)
+            return self.count() >= target
+
+        eventually(made, f"the load made {target} creates", timeout, every=0.2,
+                   detail=lambda: f"{self.count()} of {target}")
 
     def stop(self) -> list[Create]:
         self._stop.set()
@@ -226,9 +229,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
 
+TABLE_HEAD = "| phase | creates | failed | slow (>1 s) | p50 ms | p99 ms | max ms |"
+
+
 def summarise(phase: str, results: list[Create], began: float = 0.0, **extra) -> dict:
-    """The phase's figures; `began` (seconds into the load) is when its event started, and the times listed
-    (failed_at_s, slow_at_s) are from it."""
+    """The phase's figures, printed as its row of the table (TABLE_HEAD) and in full; `began` (seconds into the
+    load) is when its event started, and the times listed (failed_at_s, slow_at_s) are from it. A phase is
+    measured only if the load made creates before its event and after it."""
+    assert [r for r in results if r.started < began] or not began, f"{phase}: no create before the event"
+    assert [r for r in results if r.started >= began], f"{phase}: no create after the event began"
     failed = [r for r in results if r.status != 201]
     seconds = [r.seconds for r in results]
     figures = {"creates": len(results), "failed": len(failed), "slow": sum(s > SLOW for s in seconds),
@@ -238,8 +247,8 @@ def summarise(phase: str, results: list[Create], began: float = 0.0, **extra) ->
                "max_ms": round(max(seconds) * 1000),
                "unpatched": sum(r.status == 201 and not r.patched for r in results),
                "failures": sorted({f"{r.status}: {r.message[:300]}" for r in failed}), **extra}
-    FIGURES[phase] = figures
-    print(f"\n[{phase}] {json.dumps(figures, indent=1)}")
+    row = " | ".join(str(figures[k]) for k in ("creates", "failed", "slow", "p50_ms", "p99_ms", "max_ms"))
+    print(f"\n{TABLE_HEAD}\n| {phase} | {row} |\n[{phase}] {json.dumps(figures, indent=1)}")
     return figures
 
 
@@ -275,8 +284,7 @@ class Installed:
         return got
 
     def pods(self) -> list[dict]:
-        got = self.cluster.kubectl("get", "pods", "-n", RNS, "-l", SELECTOR, "-o", "json")
-        return json.loads(got.stdout)["items"]
+        return kube(self.cluster).pods(RNS, SELECTOR)
 
     def ready_pods(self) -> list[dict]:
         return [p for p in self.pods() if not p["metadata"].get("deletionTimestamp") and any(
@@ -286,14 +294,14 @@ class Installed:
         """The Deployment rolled out, `replicas` ready pods and no other (none terminating)."""
         self.cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RNS, f"--timeout={int(timeout)}s",
                              timeout=timeout + 30)
-        deadline = time.monotonic() + timeout
-        while True:
-            pods, ready = self.pods(), self.ready_pods()
-            if len(pods) == replicas and len(ready) == replicas:
-                return ready
-            assert time.monotonic() < deadline, [(p["metadata"]["name"], p.get("status", {}).get("phase"))
-                                                 for p in pods]
-            time.sleep(0.5)
+
+        def settled() -> list[dict] | None:
+            ready = self.ready_pods()
+            return ready if len(self.pods()) == replicas and len(ready) == replicas else None
+
+        return eventually(settled, f"{replicas} ready webhook pods and no other", timeout, every=0.5,
+                          detail=lambda: json.dumps([(p["metadata"]["name"], p.get("status", {}).get("phase"))
+                                                     for p in self.pods()]))
 
 
 def webhook_values(images: Images, image: str) -> dict:
@@ -305,11 +313,14 @@ def webhook_values(images: Images, image: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def inst(tmp_path_factory):
+def inst(shared_node, tmp_path_factory):
+    """The chart installed on the shared node; after the module, the release and every workload gone."""
+    nc = shared_node
+    c = nc.cluster
     tmp = tmp_path_factory.mktemp("install")
+    ensure_namespaces(c, LOAD_NS)
     with contextlib.ExitStack() as stack:
-        nc = start_trainer_on_node(stack, tmp, (NS, LOAD_NS))
-        c = nc.cluster
+        stack.callback(reset_workloads, c, (NS, LOAD_NS))  # last: after the release (its webhooks) is gone
         # The session's image (built once, by test_image.py when it ran first), pushed to this node's registry.
         started = time.monotonic()
         webhook_image = image_mod.build_webhook_image(nc.registry)
@@ -329,7 +340,6 @@ def inst(tmp_path_factory):
                                  f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
         print(f"helm install --wait: {env.installed_in:.0f}s")
         yield env
-    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 
 
 def _uninstall_leftovers(env: Installed) -> None:
@@ -598,10 +608,7 @@ def test_helm_test_fails_and_says_why_when_no_webhook_pod_answers(inst):
     assert c.get("deployment", FULL, RNS)["metadata"]["generation"] == generation, "no rollout for a test value"
     c.kubectl("scale", f"deployment/{FULL}", "-n", RNS, "--replicas=0")
     try:
-        deadline = time.monotonic() + 120
-        while inst.pods():
-            assert time.monotonic() < deadline, "the webhook pods did not go"
-            time.sleep(0.5)
+        eventually(lambda: not inst.pods(), "the webhook pods gone", 120, every=0.5)
         got = inst.helm_run("test", RELEASE, "-n", RNS, "--logs", "--timeout", "3m", check=False)
         print(got.stdout[-3000:], got.stderr[-3000:])
         assert got.returncode != 0
@@ -687,10 +694,7 @@ def test_break_glass_with_every_replica_down(inst):
         return job
 
     def until(what: str, check, timeout: float = 60):
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.5)
+        eventually(check, what, timeout, every=0.5)
 
     c.apply(held("glass-held"))  # while the webhook answers: a TrainJob another controller still holds
     c.kubectl("delete", "trainjob", "glass-held", "-n", NS, "--wait=false")
@@ -817,30 +821,26 @@ def test_certificate_secret_deleted_a_new_pair_is_issued_and_trusted_without_a_f
         load.wait_creates(10)
         began = load.now()
         c.kubectl("delete", "secret", CA_SECRET, SECRET, "-n", RNS)
-        deadline = time.monotonic() + 120
-        while True:  # a replica notices (it reads the Secret every 10 s) and issues a new pair
+        started = time.monotonic()
+
+        def issued_pair() -> dict | None:  # a replica notices (it reads the Secret every 10 s) and issues a new pair
             new = secret_files(c)
-            if new and new.get("ca.crt") and new["ca.crt"] != old["ca.crt"]:
-                break
-            assert time.monotonic() < deadline, "no new pair was issued"
-            time.sleep(0.5)
+            return new if new and new.get("ca.crt") and new["ca.crt"] != old["ca.crt"] else None
+
+        new = eventually(issued_pair, "a new pair issued", 120, every=0.5)
         issued = load.now() - began
-        while True:  # both pods serve it
+
+        def both_serve() -> bool:
             pods = inst.ready_pods()
-            if len(pods) == 2 and all(serves(p, new) for p in pods):
-                break
-            assert time.monotonic() < deadline, "the pods do not serve the new pair"
-            time.sleep(0.5)
+            return len(pods) == 2 and all(serves(p, new) for p in pods)
+
+        eventually(both_serve, "both pods serve the new pair", max(1.0, 120 - (time.monotonic() - started)), every=0.5)
         switched = load.now() - began
         for hook, found in bundles(c).items():
             assert new["ca.crt"] in found, f"{hook}: the new CA is not trusted"
-        deadline = time.monotonic() + 180
-        while True:  # then the old CA leaves the bundle (60 s after the replicas switched)
-            current = bundles(c)
-            if all(found == [new["ca.crt"]] for found in current.values()):
-                break
-            assert time.monotonic() < deadline, f"the old CA stayed in the caBundle: {current.keys()}"
-            time.sleep(1)
+        # then the old CA leaves the bundle (60 s after the replicas switched)
+        eventually(lambda: all(found == [new["ca.crt"]] for found in bundles(c).values()),
+                   "the old CA gone from the caBundle", 180, every=1, detail=lambda: str(bundles(c).keys()))
         pruned = load.now() - began
         load.wait_creates(20)
     finally:
@@ -924,18 +924,15 @@ def test_a_settings_configmap_edited_to_invalid_json_fails_no_create(inst):
         began = load.now()
         c.kubectl("patch", "configmap", cm, "-n", RNS, "--type=merge", "-p",
                   json.dumps({"data": {"settings.json": "{not json"}}))
-        deadline = time.monotonic() + 60
-        while not all(settings_valid(p) == 0 for p in inst.ready_pods()):
-            assert time.monotonic() < deadline, "dispatch_admission_settings_valid never read 0"
-            time.sleep(0.5)
+        eventually(lambda: all(settings_valid(p) == 0 for p in inst.ready_pods()),
+                   "dispatch_admission_settings_valid read 0", 60, every=0.5)
         refused_in = load.now() - began
         load.wait_creates(20)
         assert len(inst.ready_pods()) == 2, "a replica stopped being ready"
         c.kubectl("patch", "configmap", cm, "-n", RNS, "--type=merge", "-p",
                   json.dumps({"data": {"settings.json": good}}))
-        while not all(settings_valid(p) == 1 for p in inst.ready_pods()):
-            assert time.monotonic() < deadline, "dispatch_admission_settings_valid stayed 0 after the fix"
-            time.sleep(0.5)
+        eventually(lambda: all(settings_valid(p) == 1 for p in inst.ready_pods()),
+                   "dispatch_admission_settings_valid back to 1 after the fix", 60, every=0.5)
         load.wait_creates(10)
     finally:
         results = load.stop()
@@ -1099,12 +1096,15 @@ def test_one_tenant_cannot_stop_admission(inst):
             assert got["cache size"].get("TrainingRuntime", 0) > HOSTILE_RUNTIMES, got  # with "small"
         answered = {k: v for k, v in flood.items() if k.startswith("review 200")}
         assert sum(answered.values()) > 1000 and set(answered) <= {"review 200 404", "review 200 503"}, flood
-    finally:  # this node's API server takes minutes to drop 100 runtimes of 1 MB and the load: the next tests wait
+    finally:  # this node's API server takes minutes to drop 100 runtimes of 1 MB and the load: the next tests wait,
+        # and the release goes back to the module's values (a rollout) meanwhile
         stopped.set()
-        c.kubectl("delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=600s", check=False, timeout=620)
-        delete_load(c, timeout=600)
+        c.kubectl("delete", "namespace", HOSTILE_NS, "--wait=false", check=False)
+        c.kubectl("delete", "trainjobs.trainer.kubeflow.org", "--all", "-n", LOAD_NS, "--wait=false", check=False)
         inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m",
                       values=inst.values)
+        delete_load(c, timeout=600)
+        eventually(lambda: c.get("namespace", HOSTILE_NS) is None, f"namespace {HOSTILE_NS} gone", 600, every=2)
         inst.wait_settled()
 
 
@@ -1326,10 +1326,12 @@ def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainj
         began = load.now()
         got = inst.helm_run("uninstall", RELEASE, "-n", RNS, "--wait", "--timeout", "5m")
         took = load.now() - began
-        deadline = time.monotonic() + 120
-        while "webhook pods" not in gone:  # the pods go after their Deployment, each draining first
-            assert time.monotonic() < deadline and watcher.is_alive(), f"the webhook pods stayed: {gone}"
-            time.sleep(0.5)
+
+        def pods_gone() -> bool:  # the pods go after their Deployment, each draining first
+            assert watcher.is_alive(), f"the watcher stopped: {gone}"
+            return "webhook pods" in gone
+
+        eventually(pods_gone, "the webhook pods gone", 120, every=0.5, detail=lambda: json.dumps(gone))
         load.wait_creates(20)
     finally:
         done.set()
@@ -1362,15 +1364,3 @@ def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainj
     assert entry(c.get("trainjob", "after-uninstall", NS)) is None
     c.kubectl("delete", "trainjob", "after-uninstall", "-n", NS)
     delete_load(c)
-
-
-def test_rollout_figures(inst):
-    """The table of every phase above (printed; run with -s)."""
-    assert {"steady", "rollout restart", "pod deleted", "secret deleted"} <= set(FIGURES), set(FIGURES)
-    rows = ["| phase | creates | failed | slow (>1 s) | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|---|"]
-    for phase, f in FIGURES.items():
-        rows.append(f"| {phase} | {f['creates']} | {f['failed']} | {f['slow']} | {f['p50_ms']} | {f['p99_ms']} "
-                    f"| {f['max_ms']} |")
-    print("\n" + "\n".join(rows))
-    print(json.dumps({p: {k: v for k, v in f.items() if k not in ("creates", "failed", "slow", "p50_ms", "p99_ms",
-                                                                  "max_ms", "failures")} for p, f in FIGURES.items()}))

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.conftest import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
+from tests.e2e.webhooks import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, eventually, mount_patch, pod_patch, trainjob
 from webhook.commands.files import load_settings as load
 from webhook.core import patch, rules

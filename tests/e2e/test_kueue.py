@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_our_webhooks, webhooks_swapped
+from tests.e2e.cluster import LOGS, ControlPlane
 from tests.e2e.kueue import (
     JOB_REQUESTS,
     KUEUE_MANAGER,
@@ -34,21 +33,24 @@ from tests.e2e.kueue import (
     start_kueue,
 )
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
-from tests.e2e.test_node import (
+from tests.e2e.node_env import (
     NS,
     PUBLISH,
     RUN_TIMEOUT,
-    _runtimes,
-    _settings,
     assert_complete,
     assert_only_our_mount,
     dispatch_mounts,
+    kube,
     logs,
     node_pod,
+    node_runtimes,
     pods_of,
-    start_trainer_on_node,
+    reset_workloads,
+    webhook_settings,
 )
+from tests.e2e.webhooks import ROUTE_LABEL, Webhook, start_our_webhooks, webhooks_swapped
 from tests.helpers import MANAGER
+from tests.process import eventually
 
 STATE = "/state"  # a hostPath directory where a preempted job's first run leaves a mark for its second
 
@@ -100,7 +102,7 @@ class Watch:
 def state_runtime(images: Images, name: str, state_dir: Path) -> dict:
     """Trainer's torch runtime as a TrainingRuntime in NS, with the node container given the host directory
     `state_dir` at /state (nothing under /opt/dispatch, so R5 admits it)."""
-    torch = copy.deepcopy(_runtimes(images)[0])
+    torch = copy.deepcopy(node_runtimes(images)[0])
     torch["kind"] = "TrainingRuntime"
     torch["metadata"] = {"name": name, "namespace": NS}
     pod = node_pod(torch)
@@ -110,21 +112,28 @@ def state_runtime(images: Images, name: str, state_dir: Path) -> dict:
     return torch
 
 
+STATE_RUNTIMES = ("torch-state", "torch-edited", "torch-deleted")  # the suite's TrainingRuntimes in NS
+
+
 @pytest.fixture(scope="module")
-def kueue_env(tmp_path_factory):
+def kueue_env(shared_node, tmp_path_factory):
+    """Kueue and our webhook on the shared node; after the module, the jobs deleted while Kueue still runs (it
+    finalises their Workloads), Kueue and its webhooks gone, the suite's runtimes removed."""
+    nc = shared_node
+    c = nc.cluster
     tmp = tmp_path_factory.mktemp("kueue")
     with contextlib.ExitStack() as stack:
-        nc = start_trainer_on_node(stack, tmp, (NS,))
-        c = nc.cluster
         state = tmp / "job-state"
         state.mkdir()
+        stack.callback(c.kubectl, "delete", "trainingruntimes", "-n", NS, *STATE_RUNTIMES, "--ignore-not-found",
+                       check=False)
         c.apply(state_runtime(nc.images, "torch-state", state))
-        hooks = start_our_webhooks(stack, c, tmp, " (kueue)", _settings(tmp, nc.images))
+        hooks = start_our_webhooks(stack, c, tmp, " (kueue)", webhook_settings(tmp, nc.images))
         watch = Watch(c, NS, tmp / "trainjobs.watch.json")
         stack.callback(watch.stop)
-        kueue = start_kueue(stack, c, tmp, NS, _LOGS)
+        kueue = start_kueue(stack, c, tmp, NS, LOGS)
+        stack.callback(reset_workloads, c, (NS,))
         yield KueueEnv(nc, c, nc.images, hooks[0], hooks[1], kueue, watch, tmp)
-    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 
 
 # ---- helpers ----
@@ -167,13 +176,7 @@ def entry_of(job: dict, manager: str) -> dict | None:
 
 
 def poll(what: str, check, timeout: float = RUN_TIMEOUT, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f}s"
-        time.sleep(every)
+    return eventually(check, what, timeout, every)
 
 
 def running_pods(c: ControlPlane, name: str) -> list[dict]:
@@ -275,7 +278,7 @@ def preempt(env: KueueEnv, low: str, high: str) -> list[str]:
     uids = [p["metadata"]["uid"] for p in first]
     preempted_before = len(workload_events(c, "Preempted"))
     create(c, queued(high, [PUBLISH, high], "high"))
-    poll(f"{low} suspended by Kueue", lambda: c.get("trainjob", low, NS)["spec"].get("suspend") is True)
+    poll(f"{low} suspended by Kueue", lambda: kube(c).trainjob(low)["spec"].get("suspend") is True)
     poll(f"{low}'s pods gone", lambda: not {p["metadata"]["uid"] for p in pods_of(c, low)} & set(uids))
     assert_complete(c, high)
     assert len(workload_events(c, "Preempted")) > preempted_before, "Kueue says it preempted the low job"
@@ -306,7 +309,7 @@ def test_preempted_job_is_suspended_and_resumes_and_runs_the_binary(kueue_env):
 def resume_outcome(env: KueueEnv, name: str, timeout: float = 60) -> str:
     """What happens to a preempted job once Kueue admits it again: completed, or what stops it (for the report)."""
     c = env.cluster
-    poll(f"{name} resumed by Kueue", lambda: c.get("trainjob", name, NS)["spec"].get("suspend") is False)
+    poll(f"{name} resumed by Kueue", lambda: kube(c).trainjob(name)["spec"].get("suspend") is False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = c.get("trainjob", name, NS)

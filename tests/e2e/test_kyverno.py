@@ -12,7 +12,8 @@ import contextlib
 import pytest
 
 from tests.e2e import fidelity, kyverno, toolchain
-from tests.e2e.conftest import _LOGS, start_cluster
+from tests.e2e.cluster import LOGS
+from tests.e2e.conftest import start_cluster
 
 # Where Kyverno's policies and our webhook answer differently, and why (docs/alternatives.md, section 2).
 KNOWN_DISAGREEMENTS = fidelity.look_alike_cases()
@@ -28,7 +29,7 @@ def both(tmp_path_factory):
         fidelity.serve_ours(stack, cluster, tmp, "kyverno")
         kyv = stack.enter_context(kyverno.running(cluster, tmp,
                                                   policies=kyverno.load_policies(skip_mutation_label=True)))
-        _LOGS["kyverno"] = kyv.log
+        LOGS["kyverno"] = kyv.log
         yield cluster
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,231 +19,52 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, start_our_webhooks, webhooks_swapped
-from tests.e2e.node import Images, NodeCluster, start_node_cluster
-from tests.e2e.test_trainer import _start_trainer, _trainer_webhooks
-from tests.helpers import EXAMPLES, MANAGER
-from tests.process import stop
-
-NS = "team-a"
-CREDS_PATH = "/var/run/dispatch/creds"
-PUBLISH = "/opt/dispatch/publish"
-RUN_TIMEOUT = 240
-SENTINELS = ("ErrInvalid", "ErrUnsupported", "ErrNotFound")
-
-
-@dataclass
-class NodeEnv:
-    nc: NodeCluster
-    cluster: ControlPlane
-    images: Images
-    route1: Webhook
-    route2: Webhook
-    tmp: Path
-
-
-def _settings(tmp: Path, images: Images) -> tuple[Path, Path]:
-    """Route 1 and route 2 settings naming the publish image the harness pushed, by digest."""
-    base = {"manager": MANAGER}
-    route1 = {**base, "publish": {"image": images.publish, "via": "imageVolume"},
-              "credentials": [{"name": "checkpoint-store", "secret": "s3-credentials", "mountPath": CREDS_PATH}]}
-    route2 = {**base, "publish": {"image": images.publish, "via": "initContainer", "initContainer": "dispatch-publish"}}
-    paths = tmp / "route1.json", tmp / "route2.json"
-    for path, doc in zip(paths, (route1, route2), strict=True):
-        path.write_text(json.dumps(doc, indent=2))
-    return paths
-
-
-def _runtimes(images: Images) -> list[dict]:
-    """Trainer's stock torch runtime (its image replaced by the training image), an MPI runtime with a
-    launcher (examples/runtimes/mpi-launcher.yaml, modelled on Trainer's deepspeed runtime), the route 2
-    runtime whose init container copies the binary (examples/runtimes/torch-init.yaml) and one whose init
-    container copies nothing."""
-    torch = yaml.safe_load((toolchain.trainer_module() / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
-                           .read_text())
-    node_pod(torch)["containers"][0]["image"] = images.training
-
-    mpi = yaml.safe_load((EXAMPLES / "runtimes" / "mpi-launcher.yaml").read_text())
-    for rj in mpi["spec"]["template"]["spec"]["replicatedJobs"]:
-        container = rj["template"]["spec"]["template"]["spec"]["containers"][0]
-        container["image"] = images.training
-        if rj["name"] == "node":
-            # No sshd in the training image: the node runs the binary and the in-pod checks, then stays up
-            # (the launcher depends on it being ready) until JobSet's success policy ends it.
-            container["command"] = ["/bin/sh", "-c", f"{IN_POD_CHECKS}; exec sleep 3600"]
-            container.pop("args", None)
-
-    init = yaml.safe_load((EXAMPLES / "runtimes" / "torch-init.yaml").read_text())
-    pod = node_pod(init)
-    pod["initContainers"][0]["image"] = images.copier
-    pod["containers"][0]["image"] = images.training
-
-    empty = yaml.safe_load((EXAMPLES / "runtimes" / "torch-init.yaml").read_text())
-    empty["metadata"]["name"] = "torch-init-copies-nothing"
-    pod = node_pod(empty)
-    pod["initContainers"][0].update(image=images.training,
-                                    command=["/bin/sh", "-c",
-                                             "echo dispatch-publish: this init container copies nothing"])
-    pod["containers"][0]["image"] = images.training
-    return [torch, mpi, init, empty]
-
-
-def node_pod(runtime: dict) -> dict:
-    return next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
-                if rj["name"] == "node")["template"]["spec"]["template"]["spec"]
-
-
-# Run in the node container after the binary: a write under /opt/dispatch must fail, the mount options and
-# the credentials are printed for the test to read back.
-IN_POD_CHECKS = (
-    f"{PUBLISH} \"$(hostname)\" --checkpoint s3://bucket/run && "
-    "if touch /opt/dispatch/written 2>/tmp/touch.err; then echo 'WRITE UNDER /opt/dispatch SUCCEEDED'; exit 3; "
-    "else echo \"write refused: $(cat /tmp/touch.err)\"; fi && "
-    "grep ' /opt/dispatch ' /proc/mounts | sed 's/^/mount: /' && "
-    f"if [ -d {CREDS_PATH} ]; then echo \"creds: $(cat {CREDS_PATH}/access-key)\"; else echo 'creds: none'; fi"
+from tests.e2e.node import Images
+from tests.e2e.node_env import (
+    IN_POD_CHECKS,
+    NS,
+    PUBLISH,
+    RUN_TIMEOUT,
+    SENTINELS,
+    assert_complete,
+    assert_in_pod_checks,
+    assert_only_our_mount,
+    condition,
+    dispatch_mounts,
+    entry,
+    kube,
+    logs,
+    node_pod,
+    pods_of,
+    trainjob,
+    wait_running_pods,
+    webhook_settings,
 )
-
-
-def start_trainer_on_node(stack: contextlib.ExitStack, tmp: Path, namespaces: tuple[str, ...]) -> NodeCluster:
-    """The one-node cluster with what a TrainJob here needs: `namespaces` (the first holds the credentials
-    Secret), the node's runtimes, and Trainer's controller manager with its webhooks."""
-    nc = start_node_cluster(stack, tmp, toolchain.trainer_crds() + toolchain.jobset_crds(), _LOGS)
-    c = nc.cluster
-    for ns in namespaces:
-        c.kubectl("create", "namespace", ns)
-    c.kubectl("create", "secret", "generic", "s3-credentials", "-n", namespaces[0],
-              "--from-literal=access-key=e2e-access-key")
-    for doc in _runtimes(nc.images):
-        c.apply(doc)
-    proc, port = _start_trainer(c, tmp)
-    stack.callback(stop, proc)
-    for doc in _trainer_webhooks(port, (tmp / "k8s-webhook-server" / "serving-certs" / "ca.crt").read_bytes()):
-        c.apply(doc)
-    return nc
-
-
-@pytest.fixture(scope="module")
-def node_env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("node")
-    with contextlib.ExitStack() as stack:
-        nc = start_trainer_on_node(stack, tmp, (NS, "team-q"))
-        c = nc.cluster
-        c.kubectl("apply", "-f", str(EXAMPLES / "runtimes" / "team-a.yaml"))  # the namespaced runtimes R3, R5, R6 name
-        hooks = start_our_webhooks(stack, c, tmp, " (node)", _settings(tmp, nc.images))
-        yield NodeEnv(nc, c, nc.images, hooks[0], hooks[1], tmp)
-    assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
-
-
-# ---- helpers ----
-
-def trainjob(name: str, runtime: str, command: list[str] | None = None, route2: bool = False, num_nodes=None,
-             suspend=None, namespace: str = NS) -> dict:
-    trainer: dict = {}
-    if command is not None:
-        trainer["command"] = command
-    if num_nodes is not None:
-        trainer["numNodes"] = num_nodes
-    spec: dict = {"runtimeRef": {"name": runtime}}
-    if trainer:
-        spec["trainer"] = trainer
-    if suspend is not None:
-        spec["suspend"] = suspend
-    meta: dict = {"name": name, "namespace": namespace}
-    if route2:
-        meta["labels"] = {ROUTE_LABEL: "2"}
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}
-
-
-def condition(obj: dict, kind: str) -> dict | None:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
-
-
-def wait_finished(c: ControlPlane, name: str, timeout: float = RUN_TIMEOUT, namespace: str = NS) -> dict:
-    """Wait for the TrainJob's Complete or Failed condition; return the TrainJob."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = c.get("trainjob", name, namespace)
-        for kind in ("Complete", "Failed"):
-            cond = condition(job or {}, kind)
-            if cond and cond["status"] == "True":
-                return job
-        if time.monotonic() > deadline:
-            pods = c.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-            events = c.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
-            raise AssertionError(f"TrainJob {name} did not finish in {timeout:.0f}s: "
-                                 f"{json.dumps((job or {}).get('status'))}\n{pods}\n{events[-6000:]}")
-        time.sleep(1)
-
-
-def assert_complete(c: ControlPlane, name: str) -> dict:
-    job = wait_finished(c, name)
-    cond = condition(job, "Complete")
-    assert cond and cond["status"] == "True", f"TrainJob {name} failed: {json.dumps(job.get('status'))}\n" + \
-        c.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
-    return job
-
-
-def pods_of(c: ControlPlane, name: str, namespace: str = NS) -> list[dict]:
-    got = c.kubectl("get", "pods", "-n", namespace, "-l", f"jobset.sigs.k8s.io/jobset-name={name}", "-o", "json")
-    return json.loads(got.stdout)["items"]
-
-
-def logs(c: ControlPlane, pod: dict, container: str = "node") -> str:
-    return c.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "-c", container).stdout
-
-
-def entry(job: dict) -> dict | None:
-    return next((e for e in job["spec"].get("runtimePatches", []) if e.get("manager") == MANAGER), None)
-
-
-def dispatch_mounts(pod: dict) -> list[tuple[str, str, dict]]:
-    """Every mount at or under /opt/dispatch in the Pod object: (list, container, mount)."""
-    found = []
-    for lst in ("initContainers", "containers"):
-        for ctr in pod["spec"].get(lst, []):
-            for m in ctr.get("volumeMounts", []):
-                path = m["mountPath"].rstrip("/")
-                if path == "/opt/dispatch" or path.startswith("/opt/dispatch/"):
-                    found.append((lst, ctr["name"], m))
-    return found
-
-
-def assert_only_our_mount(pod: dict, images: Images, route: int) -> None:
-    """The Pod carries nothing under /opt/dispatch but our entry's mount: read-only on node containers;
-    route 1 an image volume pinned to the publish digest, route 2 the emptyDir its init container fills."""
-    name = pod["metadata"]["name"]
-    mounts = dispatch_mounts(pod)
-    assert mounts, f"{name}: no mount under /opt/dispatch"
-    for lst, ctr, m in mounts:
-        assert m["name"] == "dispatch-publish" and m["mountPath"] == "/opt/dispatch" and not m.get("subPath"), \
-            f"{name}/{ctr}: a mount under /opt/dispatch that is not ours: {m}"
-        if lst == "containers":
-            assert ctr == "node" and m.get("readOnly") is True, f"{name}/{ctr}: {m}"
-        else:
-            assert route == 2 and ctr == "dispatch-publish", f"{name}: init container {ctr} mounts {m}"
-    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "dispatch-publish")
-    if route == 1:
-        assert volume == {"name": "dispatch-publish",
-                          "image": {"reference": images.publish, "pullPolicy": "IfNotPresent"}}
-    else:
-        assert volume == {"name": "dispatch-publish", "emptyDir": {}}
-
-
-def assert_in_pod_checks(text: str, creds: bool = True) -> None:
-    assert f"publish ran from {PUBLISH}" in text, text
-    assert "write refused:" in text and "Read-only file system" in text, text
-    mount = next(line for line in text.splitlines() if line.startswith("mount: "))
-    options = mount.split()[4].split(",")
-    assert "ro" in options and "noexec" not in options, mount
-    assert ("creds: e2e-access-key" if creds else "creds: none") in text, text
-
+from tests.e2e.webhooks import ROUTE_LABEL, start_our_webhooks, webhooks_swapped
+from tests.helpers import EXAMPLES
+from tests.process import eventually
 
 # ---- 1. route 1 ----
 
-def test_route1_torch_two_nodes_runs_the_binary_from_the_image_volume(node_env):
+@pytest.fixture(scope="module")
+def started(node_env) -> dict:
+    """The TrainJobs that run to their end with no step of a test in between, created together: they run at once
+    on the node, and each test waits for its own. kubectl apply's answer, by name."""
     c = node_env.cluster
-    got = c.apply(trainjob("r1-torch", "torch-distributed", ["/bin/sh", "-c", IN_POD_CHECKS], num_nodes=2))
-    assert "created" in got.stdout
+    c.apply(claim_volume(node_env.tmp, "e2e-claim-pv"))
+    c.apply(claim_runtime(node_env.images))
+    claim_script = f"{IN_POD_CHECKS} && test -d /workspace && echo 'claim: mounted at /workspace'"
+    docs = [trainjob("r1-torch", "torch-distributed", ["/bin/sh", "-c", IN_POD_CHECKS], num_nodes=2),
+            trainjob("r1-mpi", "mpi-launcher", [PUBLISH, "mpi-launcher", "--ranks", "2"]),
+            trainjob("r2-init", "torch-init", ["/bin/sh", "-c", IN_POD_CHECKS], route2=True),
+            trainjob("r2-empty", "torch-init-copies-nothing", [PUBLISH, "never-runs"], route2=True),
+            trainjob("r1-claim", "torch-claim", ["/bin/sh", "-c", claim_script])]
+    return {doc["metadata"]["name"]: c.apply(doc) for doc in docs}
+
+
+def test_route1_torch_two_nodes_runs_the_binary_from_the_image_volume(node_env, started):
+    c = node_env.cluster
+    assert "created" in started["r1-torch"].stdout
     job = assert_complete(c, "r1-torch")
     assert entry(job) is not None
     pods = pods_of(c, "r1-torch")
@@ -260,9 +79,9 @@ def test_route1_torch_two_nodes_runs_the_binary_from_the_image_volume(node_env):
     assert nnodes == ["2", "2"], "Trainer's torch plugin set up two nodes"
 
 
-def test_route1_mpi_launcher_and_node_both_run_the_binary(node_env):
+def test_route1_mpi_launcher_and_node_both_run_the_binary(node_env, started):
     c = node_env.cluster
-    c.apply(trainjob("r1-mpi", "mpi-launcher", [PUBLISH, "mpi-launcher", "--ranks", "2"]))
+    assert "created" in started["r1-mpi"].stdout
     assert_complete(c, "r1-mpi")
     pods = {p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"]: p for p in pods_of(c, "r1-mpi")}
     assert {"launcher", "node"} <= set(pods)
@@ -275,9 +94,9 @@ def test_route1_mpi_launcher_and_node_both_run_the_binary(node_env):
 
 # ---- 2. route 2 ----
 
-def test_route2_init_container_copies_the_binary_and_the_node_runs_it(node_env):
+def test_route2_init_container_copies_the_binary_and_the_node_runs_it(node_env, started):
     c = node_env.cluster
-    c.apply(trainjob("r2-init", "torch-init", ["/bin/sh", "-c", IN_POD_CHECKS], route2=True))
+    assert "created" in started["r2-init"].stdout
     assert_complete(c, "r2-init")
     [pod] = pods_of(c, "r2-init")
     assert_only_our_mount(pod, node_env.images, 2)
@@ -287,19 +106,18 @@ def test_route2_init_container_copies_the_binary_and_the_node_runs_it(node_env):
     assert_in_pod_checks(logs(c, pod), creds=False)
 
 
-def test_route2_init_container_that_copies_nothing_fails_the_node_with_not_found(node_env):
+def test_route2_init_container_that_copies_nothing_fails_the_node_with_not_found(node_env, started):
     c = node_env.cluster
-    got = c.apply(trainjob("r2-empty", "torch-init-copies-nothing", [PUBLISH, "never-runs"], route2=True))
-    assert "created" in got.stdout
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
-        pods = pods_of(c, "r2-empty")
-        states = [s for p in pods for s in p.get("status", {}).get("containerStatuses", []) if s["name"] == "node"]
-        failed = [s for s in states if s.get("state", {}).get("terminated") or s.get("lastState", {}).get("terminated")]
-        if failed:
-            break
-        assert time.monotonic() < deadline, f"the node container never failed: {json.dumps(states)}"
-        time.sleep(1)
+    assert "created" in started["r2-empty"].stdout
+
+    def node_states() -> list[dict]:
+        return [s for p in pods_of(c, "r2-empty") for s in p.get("status", {}).get("containerStatuses", [])
+                if s["name"] == "node"]
+
+    failed = eventually(lambda: [s for s in node_states() if s.get("state", {}).get("terminated")
+                                 or s.get("lastState", {}).get("terminated")],
+                        "the node container failed", RUN_TIMEOUT, every=0.5, detail=lambda: json.dumps(node_states()))
+    pods = pods_of(c, "r2-empty")
     term = failed[0]["state"].get("terminated") or failed[0]["lastState"]["terminated"]
     message = term.get("message", "")
     print(f"what a user sees when route 2's init container copies nothing: reason={term.get('reason')} "
@@ -310,14 +128,13 @@ def test_route2_init_container_that_copies_nothing_fails_the_node_with_not_found
     assert "copies nothing" in init_log
     # Trainer's pods restart in place (restartPolicy OnFailure), so the Job never counts a failure: the pod
     # sits in CrashLoopBackOff and the TrainJob is neither Complete nor Failed. The user sees that.
-    deadline = time.monotonic() + 60
-    while True:
+    def backing_off() -> dict | None:
         pod = pods_of(c, "r2-empty")[0]
         waiting = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "node")["state"].get("waiting", {})
-        if waiting.get("reason") == "CrashLoopBackOff":
-            break
-        assert time.monotonic() < deadline, f"the node container is not in CrashLoopBackOff: {pod['status']}"
-        time.sleep(1)
+        return pod if waiting.get("reason") == "CrashLoopBackOff" else None
+
+    pod = eventually(backing_off, "the node container in CrashLoopBackOff", 60, every=0.5,
+                     detail=lambda: json.dumps(pods_of(c, "r2-empty")[0]["status"]))
     job = c.get("trainjob", "r2-empty", NS)
     [batch_job] = json.loads(c.kubectl("get", "jobs", "-n", NS, "-l", "jobset.sigs.k8s.io/jobset-name=r2-empty",
                                        "-o", "json").stdout)["items"]
@@ -365,14 +182,12 @@ def test_route2_job_on_a_runtime_without_the_init_container_is_refused_before_it
         q = c.get("resourcequota", "training", "team-q")
         return q.get("status", {}).get("used")
 
-    deadline = time.monotonic() + 60
-    while used() is None:
-        assert time.monotonic() < deadline, "the quota controller never computed usage"
-        time.sleep(0.5)
+    eventually(lambda: used() is not None, "the quota controller computed usage", 60, every=0.5)
     got = c.apply(trainjob("r4-quota", "torch-distributed", [PUBLISH], route2=True, namespace="team-q"), check=False)
     assert got.returncode != 0 and "ErrUnsupported" in got.stderr and "dispatch-publish" in got.stderr, got.stderr
     assert_nothing_behind(c, "r4-quota", "team-q")
     assert used() == {"count/trainjobs.trainer.kubeflow.org": "0", "count/jobsets.jobset.x-k8s.io": "0", "pods": "0"}
+    c.kubectl("delete", "resourcequota", "training", "-n", "team-q")  # team-q is test_verify's too
 
 
 # ---- 4. SPEC 6.3: admitted suspended, edited, resumed ----
@@ -426,24 +241,10 @@ def test_spec_6_3_running_pre_webhook_job_is_suspended_and_resumed_and_runs_with
     assert entry(c.get("trainjob", "pre-webhook", NS)) is None, "no entry is added to the update that resumes"
     # It runs again, in new pods, without the mount.
     [pod] = wait_running_pods(c, "pre-webhook", first)
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while "no publish binary" not in logs(c, pod):
-        assert time.monotonic() < deadline, logs(c, pod)
-        time.sleep(1)
+    eventually(lambda: "no publish binary" in logs(c, pod), "the resumed pod ran", RUN_TIMEOUT, every=0.5,
+               detail=lambda: logs(c, pod))
     assert not dispatch_mounts(pod)
     c.kubectl("delete", "trainjob", "pre-webhook", "-n", NS, "--wait=true", timeout=120)
-
-
-def wait_running_pods(c: ControlPlane, name: str, not_these: set) -> list[dict]:
-    """The TrainJob's running pods, other than those whose UIDs are `not_these`, once there is one."""
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while True:
-        running = [p for p in pods_of(c, name) if p["status"].get("phase") == "Running"
-                   and not p["metadata"].get("deletionTimestamp") and p["metadata"]["uid"] not in not_these]
-        if running:
-            return running
-        assert time.monotonic() < deadline, f"{name} has no new running pod"
-        time.sleep(1)
 
 
 # ---- the node's network: pods reach the API server, and nothing off this machine ----
@@ -459,14 +260,13 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service_and_have_no_de
     c.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "net-check", "namespace": NS},
              "spec": {"restartPolicy": "Never", "containers": [
                  {"name": "check", "image": node_env.images.training, "command": ["/bin/sh", "-c", script]}]}})
-    deadline = time.monotonic() + 120
-    while True:
-        pod = c.get("pod", "net-check", NS)
-        phase = pod.get("status", {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            break
-        assert time.monotonic() < deadline, f"net-check did not finish: {pod.get('status')}"
-        time.sleep(1)
+
+    def finished() -> str | None:
+        phase = ((kube(c).pod("net-check", NS) or {}).get("status") or {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = eventually(finished, "net-check finished", 120, every=0.5,
+                       detail=lambda: json.dumps((kube(c).pod("net-check", NS) or {}).get("status")))
     text = c.kubectl("logs", "-n", NS, "net-check").stdout
     assert phase == "Succeeded", text
     assert f"connected to {c.service_ip}:443" in text, text
@@ -521,12 +321,9 @@ def claim_volume(tmp: Path, name: str) -> dict:
                      "hostPath": {"path": str(tmp / name), "type": "DirectoryOrCreate"}}}
 
 
-def test_a_runtime_with_a_claim_template_runs_route1_with_our_mount_beside_the_claim(node_env):
+def test_a_runtime_with_a_claim_template_runs_route1_with_our_mount_beside_the_claim(node_env, started):
     c = node_env.cluster
-    c.apply(claim_volume(node_env.tmp, "e2e-claim-pv"))
-    c.apply(claim_runtime(node_env.images))
-    script = f"{IN_POD_CHECKS} && test -d /workspace && echo 'claim: mounted at /workspace'"
-    c.apply(trainjob("r1-claim", "torch-claim", ["/bin/sh", "-c", script]))
+    assert "created" in started["r1-claim"].stdout
     assert_complete(c, "r1-claim")
     [pod] = pods_of(c, "r1-claim")
     assert_only_our_mount(pod, node_env.images, 1)
@@ -540,11 +337,9 @@ def test_a_runtime_with_a_claim_template_runs_route1_with_our_mount_beside_the_c
 
 
 def test_a_credential_named_like_a_claim_template_is_refused_by_r5_saying_what_to_rename(node_env, tmp_path):
-    from tests.e2e.conftest import start_our_webhooks
-
     c = node_env.cluster
     c.apply(claim_runtime(node_env.images))
-    route1, route2 = _settings(tmp_path, node_env.images)
+    route1, route2 = webhook_settings(tmp_path, node_env.images)
     doc = json.loads(route1.read_text())
     doc["credentials"][0]["name"] = CLAIM
     named = tmp_path / "route1-credential-named-like-the-claim.json"
@@ -566,7 +361,7 @@ def test_a_credential_at_etc_mpi_is_refused_at_settings_time(node_env, tmp_path)
 
     from tests.helpers import ROOT
 
-    route1, _ = _settings(tmp_path, node_env.images)
+    route1, _ = webhook_settings(tmp_path, node_env.images)
     doc = json.loads(route1.read_text())
     doc["credentials"][0]["mountPath"] = "/etc/mpi"
     route1.write_text(json.dumps(doc))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.e2e import toolchain
-from tests.e2e.conftest import webhooks_swapped
+from tests.e2e.webhooks import webhooks_swapped
 from tests.helpers import EXAMPLES, ROOT, runtime, trainjob
 
 NS, EMPTIED = "reports-a", "reports-b"

@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from tests.e2e import toolchain
-from tests.e2e.conftest import _LOGS, start_cluster, webhooks_swapped
+from tests.e2e.cluster import LOGS
+from tests.e2e.conftest import start_cluster
+from tests.e2e.webhooks import webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, ROOT, eventually, metric_samples, mount_patch, runtime, trainjob
 from tests.process import Webhook
 from webhook import api
@@ -32,7 +34,7 @@ ROUTE2 = EXAMPLES / "settings" / "route2.json"
 def warn_hook(env, serve_module):
     hook = serve_module("--enforcement", "warn", kubeconfig=env.cluster.kubeconfig,
                         env={"PROMETHEUS_MULTIPROC_DIR": ""})
-    _LOGS["webhook warn"] = hook.log
+    LOGS["webhook warn"] = hook.log
     return hook
 
 

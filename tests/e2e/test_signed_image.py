@@ -21,7 +21,8 @@ from packaging.utils import canonicalize_name
 
 from tests.e2e import image as image_mod
 from tests.e2e import kyverno, signed_image
-from tests.e2e.conftest import _LOGS, start_cluster
+from tests.e2e.cluster import LOGS
+from tests.e2e.conftest import start_cluster
 from tests.e2e.image import dpkg_records, expected_distributions, sbom_packages
 from tests.e2e.registry import FileEntry, Registry, write_layer
 from tests.helpers import EXAMPLES, NOW_TEXT, ROOT, review
@@ -300,7 +301,7 @@ def enforced(signed, tmp_path_factory):
                        "metadata": {"name": "default", "namespace": POLICY_NAMESPACE}})
         policy = docs_policy(signed.registry.host, signed.cosign.public_key)
         kyv = stack.enter_context(kyverno.running(cluster, tmp, policies=[policy], resource="pods"))
-        _LOGS["kyverno (verifyImages)"] = kyv.log
+        LOGS["kyverno (verifyImages)"] = kyv.log
         yield cluster
 
 

@@ -17,8 +17,9 @@ import pytest
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import ROUTE_LABEL, start_cluster, start_our_webhooks, webhooks_swapped
+from tests.e2e.conftest import start_cluster
 from tests.e2e.trainer import start_trainer, trainer_webhooks
+from tests.e2e.webhooks import ROUTE_LABEL, start_our_webhooks, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, eventually, trainjob
 from tests.process import Webhook, stop
 from webhook.commands.files import load_settings as load
@@ -33,10 +34,6 @@ class TrainerEnv:
     route1: Webhook
     route2: Webhook
     tmp: Path
-
-
-# test_node.py imports these from here (until it imports tests/e2e/trainer.py)
-_start_trainer, _trainer_webhooks = start_trainer, trainer_webhooks
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import webhooks_swapped
 from tests.e2e.helm import (
     BASE,
     CHART,
@@ -29,6 +28,7 @@ from tests.e2e.helm import (
     rendered,
     run_helm,
 )
+from tests.e2e.webhooks import webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, eventually, trainjob
 from tests.process import free_port, webhook_server
 

@@ -1,5 +1,5 @@
-"""Issue 23 (SPEC 9): `dispatch-admission verify` on the real one-node cluster (test_node.py's `node_env`: the
-node, Trainer, our webhook as two processes chosen by the label `dispatch-e2e/route`).
+"""Issue 23 (SPEC 9): `dispatch-admission verify` on the real one-node cluster (conftest.py's `node_env`: the
+shared node, Trainer, our webhook as two processes chosen by the label `dispatch-e2e/route`).
 
 Each test reads the stage and the cluster's message from the report, not only the exit code. To keep the wall
 time short, the probes that need nothing of their own run at once (the module fixture `batch`); those that
@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.e2e.conftest import _LOGS, ROUTE_LABEL, Webhook, webhooks_swapped
+from tests.e2e.cluster import LOGS
 from tests.e2e.node import identity, kubeconfig_for
-from tests.e2e.test_node import NS, node_env, node_pod  # noqa: F401 - node_env: the module's node
+from tests.e2e.node_env import NS, kube, node_pod
+from tests.e2e.webhooks import ROUTE_LABEL, Webhook, webhooks_swapped
 from tests.helpers import MANAGER, ROOT
-from tests.process import webhook_server
+from tests.process import eventually, webhook_server
 from webhook.core.verify import PROBE_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, probe_trainjob
 
 TOO_BIG = "torch-too-big"
@@ -88,7 +89,7 @@ def line_of(run: Run, probe_prefix: str = "verify-") -> str:
     return next(line for line in run.out.splitlines() if line.startswith(probe_prefix))
 
 
-def torch_variant(node_env, name: str, **node_container) -> dict:  # noqa: F811
+def torch_variant(node_env, name: str, **node_container) -> dict:
     """Trainer's torch runtime under another name; `volumes` go on the node pod, the rest on its container."""
     rt = json.loads(json.dumps(node_env.cluster.get("clustertrainingruntime", "torch-distributed")))
     rt["metadata"] = {"name": name}
@@ -98,19 +99,19 @@ def torch_variant(node_env, name: str, **node_container) -> dict:  # noqa: F811
     return rt
 
 
-def too_big_runtime(node_env) -> dict:  # noqa: F811
+def too_big_runtime(node_env) -> dict:
     """A request no node has."""
     return torch_variant(node_env, TOO_BIG, resources={"requests": {"cpu": "64"}})
 
 
-def needs_config_runtime(node_env) -> dict:  # noqa: F811
+def needs_config_runtime(node_env) -> dict:
     """The node container mounts the ConfigMap `train-config` (in no namespace)."""
     return torch_variant(node_env, NEEDS_CONFIG,
                          volumes=[{"name": "train-config", "configMap": {"name": "train-config"}}],
                          volumeMounts=[{"name": "train-config", "mountPath": "/etc/train"}])
 
 
-def waits_for_claim_runtime(node_env) -> dict:  # noqa: F811
+def waits_for_claim_runtime(node_env) -> dict:
     """The pods mount the claim `pending-claim`: no class, no volume, Pending for ever."""
     return torch_variant(node_env, WAITS_FOR_CLAIM,
                          volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "pending-claim"}}],
@@ -131,9 +132,10 @@ def user_kubeconfig(c, user: str = "verifier", namespace: str = USER_NS, rules_n
 
 def left_behind(c) -> dict[str, list[str]]:
     """Every probe TrainJob, JobSet and pod in the cluster (by the label, and by the probes' JobSet names)."""
-    jobs = json.loads(c.kubectl("get", "trainjobs", "-A", "-l", PROBE_LABEL, "-o", "json").stdout)["items"]
-    jobsets = json.loads(c.kubectl("get", "jobsets", "-A", "-o", "json").stdout)["items"]
-    pods = json.loads(c.kubectl("get", "pods", "-A", "-l", JOBSET_NAME, "-o", "json").stdout)["items"]
+    k = kube(c)
+    jobs = k.custom_list_all("trainer.kubeflow.org", "v1alpha1", "trainjobs", PROBE_LABEL)
+    jobsets = k.custom_list_all("jobset.x-k8s.io", "v1alpha2", "jobsets")
+    pods = k.pods_all(JOBSET_NAME)
     return {"trainjobs": [j["metadata"]["name"] for j in jobs],
             "jobsets": [j["metadata"]["name"] for j in jobsets if j["metadata"]["name"].startswith("verify-")
                         or PROBE_LABEL in (j["metadata"].get("labels") or {})],
@@ -142,12 +144,10 @@ def left_behind(c) -> dict[str, list[str]]:
 
 
 def wait_nothing_left(c, timeout: float = 0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = left_behind(c)
-        if not any(left.values()) or time.monotonic() >= deadline:
-            return left
-        time.sleep(1)
+    """What is left behind once nothing is, or when `timeout` has passed (for the caller to compare)."""
+    with contextlib.suppress(AssertionError):
+        eventually(lambda: not any(left_behind(c).values()), "nothing left behind", timeout, every=0.5)
+    return left_behind(c)
 
 
 def wait_mutation(c, what: str, check) -> None:
@@ -155,13 +155,15 @@ def wait_mutation(c, what: str, check) -> None:
     dry-run create comes back as `check` wants (its informer trails the write by a moment)."""
     probe = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
              "metadata": {"name": "swap-check", "namespace": NS}, "spec": {"runtimeRef": {"name": "torch-distributed"}}}
-    deadline = time.monotonic() + 60
-    while True:
+    last: list = []
+
+    def caught_up() -> bool:
         got = c.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(probe), check=False)
-        if got.returncode == 0 and check(json.loads(got.stdout)):
-            return
-        assert time.monotonic() < deadline, f"the webhook configurations never {what}: {got.stdout[-2000:]}{got.stderr}"
-        time.sleep(0.5)
+        last[:] = [got]
+        return got.returncode == 0 and check(json.loads(got.stdout))
+
+    eventually(caught_up, f"the webhook configurations {what}", 60, every=0.5,
+               detail=lambda: f"{last[0].stdout[-2000:]}{last[0].stderr}")
 
 
 def publish_image(job: dict) -> str | None:
@@ -172,7 +174,7 @@ def publish_image(job: dict) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def batch(node_env):  # noqa: F811
+def batch(node_env):
     """The independent probes, all at once; their reports by name."""
     c, tmp = node_env.cluster, node_env.tmp
     for rt in (too_big_runtime(node_env), needs_config_runtime(node_env), waits_for_claim_runtime(node_env)):
@@ -235,7 +237,7 @@ def test_route2_init_container_copying_nothing_fails_started_with_the_route2_hin
 
 
 @pytest.fixture(scope="module")
-def alone(batch, node_env):  # noqa: F811
+def alone(batch, node_env):
     """The cases the issue times, one at a time after the batch (eight processes starting at once on two
     cores take 20 s to import their libraries): what waiting cannot help, with --timeout 240."""
     c, r1 = node_env.cluster, str(node_env.tmp / "route1.json")
@@ -301,7 +303,7 @@ def test_a_configmap_the_runtime_mounts_and_nobody_made_fails_at_once(batch):
     assert run.seconds < BATCH_FAST, run.seconds
 
 
-def test_per_node_one_probe_pinned_and_json_one_object_per_probe(batch, node_env):  # noqa: F811
+def test_per_node_one_probe_pinned_and_json_one_object_per_probe(batch, node_env):
     c = node_env.cluster
     run = batch["per-node"]
     assert run.code == 0, run.out + run.err
@@ -333,14 +335,14 @@ def test_namespace_the_user_cannot_create_in_exits_2_with_one_line(batch):
     assert 'User "verifier" cannot create resource "trainjobs"' in run.err
 
 
-def test_the_batch_left_nothing_behind(batch, node_env):  # noqa: F811
+def test_the_batch_left_nothing_behind(batch, node_env):
     assert wait_nothing_left(node_env.cluster, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
 # ---- one at a time: the webhook configurations swapped, and a signal ----
 
 @pytest.fixture(scope="module")
-def pending_claim(node_env):  # noqa: F811
+def pending_claim(node_env):
     """A runtime whose pods wait on a claim that stays Pending: a probe that waits until its --timeout."""
     c = node_env.cluster
     c.apply(waits_for_claim_runtime(node_env))
@@ -352,16 +354,17 @@ def pending_claim(node_env):  # noqa: F811
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
-def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, sig, code):  # noqa: F811
+def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, sig, code):
     """SIGINT (Ctrl-C), and SIGHUP (the terminal closed), while the probe waits on its claim."""
     c = node_env.cluster
     proc = start(c.kubeconfig, "--runtime", pending_claim, "--namespace", NS, "--timeout", "300")
     try:
-        deadline = time.monotonic() + 120
-        while not left_behind(c)["pods"]:  # in the middle: the TrainJob, its JobSet and its (pending) pod exist
+
+        def in_the_middle() -> bool:  # the TrainJob, its JobSet and its (pending) pod exist
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"no probe pod appeared: {left_behind(c)}"
-            time.sleep(0.5)
+            return bool(left_behind(c)["pods"])
+
+        eventually(in_the_middle, "a probe pod appeared", 120, every=0.5, detail=lambda: json.dumps(left_behind(c)))
         time.sleep(3)  # the scheduler's verdict on the pod: waiting on the claim, not an end
         assert proc.poll() is None, proc.communicate()
         print(f"before {sig.name}: {left_behind(c)}")
@@ -377,7 +380,7 @@ def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, s
     assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
-def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(node_env):  # noqa: F811
+def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(node_env):
     c, tmp = node_env.cluster, node_env.tmp
     missing = node_env.images.publish.split("@")[0] + "@sha256:" + "0" * 64
     settings = tmp / "missing-digest.json"
@@ -386,7 +389,7 @@ def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(
         url, ca, log, proc = stack.enter_context(webhook_server(
             tmp / "missing-digest", "--settings", str(settings), "--kubeconfig", c.kubeconfig,
             env={"PROMETHEUS_MULTIPROC_DIR": ""}))
-        _LOGS["webhook missing-digest (node)"] = log
+        LOGS["webhook missing-digest (node)"] = log
         installed = [node_env.route1, node_env.route2]
         stack.enter_context(webhooks_swapped(c, installed, [Webhook(url, ca, log, proc), node_env.route2]))
         wait_mutation(c, "pointed at the missing-digest webhook", lambda job: publish_image(job) == missing)
@@ -400,7 +403,7 @@ def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(
     assert run.seconds < FAST, run.seconds
 
 
-def test_webhook_not_installed_fails_at_admitted(node_env):  # noqa: F811
+def test_webhook_not_installed_fails_at_admitted(node_env):
     c = node_env.cluster
     with webhooks_swapped(c, [node_env.route1, node_env.route2], None):
         wait_mutation(c, "went", lambda job: publish_image(job) is None)
@@ -425,7 +428,7 @@ def probe_doc(name: str, ttl: int | None, verify_entry: bool = True) -> dict:
     return doc
 
 
-def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):  # noqa: F811
+def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):
     c = node_env.cluster
     for doc in (probe_doc("verify-expired", 1), probe_doc("verify-live", 3600),
                 probe_doc("labelled-only", 1, verify_entry=False)):
@@ -453,7 +456,7 @@ def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):  # no
     assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
-def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_env):  # noqa: F811
+def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_env):
     from webhook.commands.verify import Cluster
 
     c = node_env.cluster

@@ -12,8 +12,7 @@ import jsonpatch
 import yaml
 
 from tests.e2e import toolchain
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _LOGS
+from tests.e2e.cluster import LOGS, ControlPlane
 from tests.process import free_port, stop, wait_https
 from webhook import certs
 
@@ -56,7 +55,7 @@ def start_trainer(cluster: ControlPlane, tmp: Path) -> tuple[subprocess.Popen, i
         "statusServer": {"port": status_port},
     }))
     log = tmp / "trainer-controller-manager.log"
-    _LOGS["trainer-controller-manager"] = log
+    LOGS["trainer-controller-manager"] = log
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(binary), f"--config={config}", "--zap-log-level=info"], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
