@@ -154,12 +154,10 @@ class Cluster:
     def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
+        from ..kube.cluster import read_runtime
+
         try:
-            if kind == CLUSTER_KIND:
-                return self.custom.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
-                                                             _request_timeout=TIMEOUT)
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
-                                                            _request_timeout=TIMEOUT)
+            return read_runtime(self.custom, kind, namespace, name, TIMEOUT)
         except ApiException as e:
             if e.status == 404:
                 return None

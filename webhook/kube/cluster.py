@@ -270,11 +270,7 @@ class RuntimeAPI:
 
         self.stats.request("get", kind)
         try:
-            if kind == CLUSTER_KIND:
-                return self.api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name,
-                                                          _request_timeout=LIVE_READ_TIMEOUT)
-            return self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name,
-                                                         _request_timeout=LIVE_READ_TIMEOUT)
+            return read_runtime(self.api, kind, namespace, name, LIVE_READ_TIMEOUT)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -380,6 +376,13 @@ class ClusterRuntimes:
         runtime = None if got is None else slim(got, kind)
         self._known.put(key, self.clock() + (NEGATIVE_SECONDS if runtime is None else FOUND_SECONDS), runtime)
         return runtime
+
+
+def read_runtime(api, kind: str, namespace: str, name: str, timeout) -> dict:
+    """One runtime by kind and name (a CustomObjectsApi GET); raises the client's ApiException (404: none)."""
+    if kind == CLUSTER_KIND:
+        return api.get_cluster_custom_object(GROUP, VERSION, PLURALS[kind], name, _request_timeout=timeout)
+    return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name, _request_timeout=timeout)
 
 
 def api_client(kubeconfig: str | None, prefer_kubeconfig: bool = False):
