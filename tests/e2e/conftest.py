@@ -47,13 +47,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("node"))
         elif path.name not in INDEPENDENT:
             item.add_marker(pytest.mark.xdist_group(f"e2e/{path.name}"))
-    # Without xdist: the node suites one after another (at the place of the first), so the shared node is up
+    # The node suites first, one after another: under xdist their group is the longest (about half the run), so
+    # it starts on the first worker at once while the others take the rest; without xdist the shared node is up
     # only while they run.
     on_node = [i for i in items if "tests/e2e/" in str(i.fspath) and Path(str(i.fspath)).name in NODE_SUITES]
     if on_node:
-        first = items.index(on_node[0])
-        rest = [i for i in items if i not in set(on_node)]
-        items[:] = rest[:first] + on_node + rest[first:]
+        chosen = set(on_node)
+        items[:] = on_node + [i for i in items if i not in chosen]
 
 
 @pytest.fixture(autouse=True)
