@@ -366,7 +366,7 @@ def test_every_alert_says_what_to_do(helm, tmp_path):
 def exported_metric_names() -> set[str]:
     """The series names webhook/process/metrics.py defines, read from its source (Counter, Gauge, Histogram, and the
     metric families its collector yields), with the suffixes prometheus_client exports for each type."""
-    tree = ast.parse((ROOT / "webhook" / "metrics.py").read_text())
+    tree = ast.parse((ROOT / "webhook" / "process" / "metrics.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
