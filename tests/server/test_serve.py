@@ -329,3 +329,18 @@ def test_read_timeout_is_configurable(serve):
         s.settimeout(10)
         assert s.recv(1) == b""
         assert 0.9 <= time.monotonic() - started < 5
+
+
+def test_the_metrics_directory_serve_made_is_gone_when_it_stops(serve, tmp_path):
+    """Without PROMETHEUS_MULTIPROC_DIR, serve makes a temporary directory for its metrics files; it is removed
+    when serve stops (each test server had left one behind in /tmp)."""
+    from tests.process import stop
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    hook = serve(env={"TMPDIR": str(temp), "PROMETHEUS_MULTIPROC_DIR": ""})
+    made = list(temp.glob("dispatch-admission-metrics-*"))
+    assert len(made) == 1 and list(made[0].glob("*.db")), made
+    stop(hook.process)
+    assert hook.process.returncode == 0, hook.log.read_text()[-2000:]
+    assert not made[0].exists(), "serve left its metrics directory"

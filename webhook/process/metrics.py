@@ -49,8 +49,10 @@ The names are a contract (alerts and the dashboard query them):
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -123,13 +125,24 @@ def count_would_deny(families: Metrics, would_deny: Iterable[tuple[str, str]]) -
         families.would_deny.labels(sentinel, rule).inc()
 
 
+def _made_directory() -> str:
+    """A temporary directory of this process's own, removed when it exits (a forked worker's exit leaves it)."""
+    made, owner = tempfile.mkdtemp(prefix="dispatch-admission-metrics-"), os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(made, ignore_errors=True)
+
+    atexit.register(remove)
+    return made
+
+
 def start(directory: str | None = None) -> Metrics:
     """At `serve`'s start-up, before workers fork: the families in multiprocess mode, in `directory` (or
-    PROMETHEUS_MULTIPROC_DIR, else a fresh temporary one), made if absent and emptied of an earlier run's
-    files (an emptyDir survives a container restart)."""
+    PROMETHEUS_MULTIPROC_DIR, else a fresh temporary one, removed at exit), made if absent and emptied of an
+    earlier run's files (an emptyDir survives a container restart)."""
     global _families, _directory
-    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
-        prefix="dispatch-admission-metrics-")
+    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or _made_directory()
     os.makedirs(directory, exist_ok=True)
     for stale in Path(directory).glob("*.db"):
         stale.unlink()
