@@ -59,7 +59,7 @@ def test_concurrent_scrapes_with_one_token_share_one_review(api):
         checks = [pool.submit(auth.check, bearer("prometheus")) for _ in range(8)]
         time.sleep(0.5)
         api.gate.set()
-        assert [c.result(10) for c in checks] == [None] * 8
+        assert [c.result(60) for c in checks] == [None] * 8
     assert api.calls == ["TokenReview", "SubjectAccessReview"]
 
 

@@ -26,7 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 from ..core import verify as core
 from ..core import verify_causes as causes
@@ -34,22 +34,17 @@ from ..core import verify_cleanup as leftovers
 from ..core import verify_report as report
 from ..core.patch import Entry, entry_secrets
 from ..core.rules import runtime_facts
-from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, PLURALS, VERSION
+from ..core.runtimes import CLUSTER_KIND, KINDS, NAMESPACED_KIND, PLURALS
 from ..core.settings import DEFAULT_MANAGER, Settings
+from .verify_cleanup import sweep_before_run
+from .verify_cluster import Cluster, Unusable, api_error, fault
 
 # The names `verify --runtime` takes for a kind: its kind, plural or singular, any case.
 KIND_NAMES = {name: kind for kind in KINDS for name in (kind.lower(), PLURALS[kind], PLURALS[kind][:-1])}
-TIMEOUT = (5, 30)            # connect, read: for every call
 POLL_SECONDS = 1.0
 GONE_SECONDS = 90.0          # how long cleanup waits for the probes to be gone
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# A metadata-only read: whether a Secret exists, never its data.
-METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
-
-
-class Unusable(Exception):
-    """verify cannot run (the cluster, the runtime, the namespace): exit 2 with the reason in one line."""
 
 
 class Interrupted(BaseException):
@@ -97,173 +92,6 @@ def parse_labels(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _api_error(e) -> str:
-    """The API server's own message from an ApiException (its Status body), else its status line."""
-    import json
-
-    try:
-        body = json.loads(e.body)
-        if body.get("message"):
-            return body["message"]
-    except (TypeError, ValueError, AttributeError):
-        pass
-    return f"{e.status} {e.reason}"
-
-
-def _fault(what: str, e: Exception) -> Unusable:
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(e, ApiException):
-        return Unusable(f"{what}: {_api_error(e)}")
-    return Unusable(f"{what}: {type(e).__name__}: {str(e)[:300]}")
-
-
-class Cluster:
-    """The API calls verify makes, with the official client."""
-
-    def __init__(self, kubeconfig: str | None):
-        from kubernetes import client
-
-        from ..kube.cluster import api_client
-
-        try:
-            self.client = api_client(kubeconfig, prefer_kubeconfig=True)
-        except Exception as e:
-            raise Unusable(f"no cluster to talk to: {type(e).__name__}: {str(e)[:300]}") from None
-        # Any: the client types JSON answers as object.
-        self.custom: Any = client.CustomObjectsApi(self.client)
-        self.core: Any = client.CoreV1Api(self.client)
-
-    def default_namespace(self, kubeconfig: str | None) -> str:
-        """The kubeconfig context's namespace, else the pod's own (in a cluster), else `default`."""
-        from kubernetes import config
-
-        try:
-            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-            ns = (active or {}).get("context", {}).get("namespace")
-            if ns:
-                return ns
-        except Exception:  # no kubeconfig: in-cluster
-            pass
-        try:
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as f:
-                return f.read().strip() or "default"
-        except OSError:
-            return "default"
-
-    def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        from ..kube.cluster import read_runtime
-
-        try:
-            return read_runtime(self.custom, kind, namespace, name, TIMEOUT)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise _fault(f"cannot read {kind} {name}", e) from None
-        except Exception as e:
-            raise _fault(f"cannot read {kind} {name}", e) from None
-
-    def nodes(self) -> list[dict]:
-        try:
-            got = self.core.list_node(_request_timeout=TIMEOUT, _preload_content=False)
-        except Exception as e:
-            raise _fault("cannot list nodes (--per-node)", e) from None
-        return _json(got).get("items") or []
-
-    def create(self, namespace: str, trainjob: dict, dry_run: bool = False) -> dict:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", trainjob,
-                                                           dry_run="All" if dry_run else None,
-                                                           _request_timeout=TIMEOUT)
-
-    def probes(self, namespace: str | None) -> tuple[list[dict], str | None]:
-        """Every TrainJob labelled as a probe in `namespace` (None: every namespace), and the server's `Date`."""
-        items: list[dict]
-        items, token, date = [], None, None
-        while True:
-            kw = {"label_selector": core.PROBE_LABEL, "limit": 500, "_request_timeout": TIMEOUT,
-                  "_preload_content": False, **({"_continue": token} if token else {})}
-            got = (self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", **kw)
-                   if namespace else self.custom.list_cluster_custom_object(GROUP, VERSION, "trainjobs", **kw))
-            date = date or got.headers.get("Date")
-            page = _json(got)
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items, date
-
-    def secret_exists(self, namespace: str, name: str) -> tuple[bool | None, str]:
-        """(True or False, "") when the API server says; (None, why) when it cannot be told (RBAC, a fault)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.core.read_namespaced_secret(name, namespace, _headers=METADATA_ONLY, _preload_content=False,
-                                             _request_timeout=TIMEOUT)
-            return True, ""
-        except ApiException as e:
-            return (False, "") if e.status == 404 else (None, _api_error(e))
-        except Exception as e:
-            return None, f"{type(e).__name__}: {str(e)[:200]}"
-
-    def trainjob(self, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
-                                                            _request_timeout=TIMEOUT)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def pods(self, namespace: str, name: str) -> list[dict]:
-        got = self.core.list_namespaced_pod(namespace, label_selector=f"{core.JOBSET_NAME_LABEL}={name}",
-                                            _request_timeout=TIMEOUT, _preload_content=False)
-        return _json(got).get("items") or []
-
-    def events(self, namespace: str, pod: str) -> list[dict]:
-        got = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}",
-                                              _request_timeout=TIMEOUT, _preload_content=False)
-        return _json(got).get("items") or []
-
-    def log_tail(self, namespace: str, pod: str, container: str, previous: bool, lines: int) -> str:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.core.read_namespaced_pod_log(pod, namespace, container=container, previous=previous,
-                                                     tail_lines=lines, _request_timeout=TIMEOUT)
-        except ApiException as e:
-            return f"(the output cannot be read: {_api_error(e)})"
-        except Exception as e:
-            return f"(the output cannot be read: {type(e).__name__})"
-
-    def delete(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete the TrainJob `name` if it is still the object `uid`; False when another object has the name
-        now (the precondition failed: it is left alone). Gone already is deleted."""
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        # Background, not Foreground: while a foreground delete waits on its JobSet, Trainer (v2.3.0) makes
-        # the JobSet again for the TrainJob still there, and the probe's pods come back (seen on the node).
-        options = client.V1DeleteOptions(propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid))
-        try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name, body=options,
-                                                        _request_timeout=TIMEOUT)
-        except ApiException as e:
-            if e.status == 409:  # "Precondition failed: UID in precondition: ..., UID in object meta: ..."
-                return False
-            if e.status != 404:
-                raise
-        return True
-
-
-def _json(response) -> dict:
-    import json
-
-    return json.loads(response.data)
-
-
 def _raise_on(name: str):
     def handler(signum, frame):
         raise Interrupted(name)
@@ -302,8 +130,6 @@ class Verify:
         refusal = leftovers.over_cap(len(nodes), self.opts.max_probes, leftovers.runtime_asks(runtime))
         if refusal:
             raise Unusable(refusal)
-        from .verify_cleanup import sweep_before_run
-
         sweep_before_run(self.cluster, namespace, self.err)
         self._check_credentials(namespace, self._probe_doc(f"verify-{secrets.token_hex(3)}", kind, name, namespace,
                                                            runtime, nodes[0]))
@@ -374,14 +200,14 @@ class Verify:
             stored = self.cluster.create(namespace, doc)
         except ApiException as e:
             del self.uids[name]  # the API server answered: nothing was made
-            message = _api_error(e)
+            message = api_error(e)
             if "denied the request" in message:  # a webhook's refusal: this probe's answer
                 probe.status = core.refused(message)
                 self.probes.append(probe)
                 return
             raise Unusable(f"cannot create TrainJobs in namespace {namespace}: {message}") from None
         except Exception as e:
-            raise _fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
+            raise fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
         self.uids[name] = (stored.get("metadata") or {}).get("uid")
         probe.status = core.classify(stored, [], [], self.manager)
         self.probes.append(probe)
@@ -449,7 +275,7 @@ class Verify:
                 if uid is not None and self.cluster.delete(namespace, name, uid):
                     pending[name] = uid  # else: never made, or another object has the name now (left alone)
             except Exception as e:
-                failures.append(f"{name}: {_fault('delete', e)}")
+                failures.append(f"{name}: {fault('delete', e)}")
         deadline = self.clock() + GONE_SECONDS
         left = list(pending)
         while left and self.clock() < deadline:

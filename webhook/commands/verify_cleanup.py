@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import IO
 
 from ..core import verify_cleanup as core
-from .verify import Cluster, _fault
+from .verify_cluster import Cluster, fault
 
 
 def sweep(cluster: Cluster, namespace: str | None) -> list[tuple[core.Leftover, str]]:
@@ -28,7 +28,7 @@ def sweep(cluster: Cluster, namespace: str | None) -> list[tuple[core.Leftover, 
         try:
             out.append((p, core.REMOVED if cluster.delete(p.namespace, p.name, p.uid) else core.GONE))
         except Exception as e:
-            out.append((p, f"not removed: {_fault('delete', e)}"))
+            out.append((p, f"not removed: {fault('delete', e)}"))
     return out
 
 
@@ -65,7 +65,7 @@ def run(opts: Options, out: IO[str], cluster: Cluster | None = None) -> int:
     try:
         results = sweep(cluster, namespace)
     except Exception as e:
-        raise _fault(f"cannot list TrainJobs {where}", e) from None
+        raise fault(f"cannot list TrainJobs {where}", e) from None
     out.write(core.render_cleanup(results, where, opts.output))
     return 0 if all(r in (core.REMOVED, core.KEPT, core.GONE) for _, r in results) else 1
 

@@ -43,8 +43,18 @@ from .errors import RULE_INTERNAL, RULE_UNAVAILABLE, ErrInternal, ErrUnavailable
 from .patch import Entry
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_text
 from .rule import Checks
-from .rules import RuntimeFacts, RuntimeRef
-from .runtimes import GROUP, KINDS, PLURALS, TRAINJOB_KIND, Runtime, RuntimeSource, RuntimeUnavailable, WouldBlock
+from .runtimes import (
+    GROUP,
+    KINDS,
+    PLURALS,
+    TRAINJOB_KIND,
+    Runtime,
+    RuntimeFacts,
+    RuntimeRef,
+    RuntimeSource,
+    RuntimeUnavailable,
+    WouldBlock,
+)
 from .settings import Settings
 
 log = logging.getLogger(__name__)

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import errors, paths
 from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reasons
 from .rule import Checks, Point, Rule
-from .runtimes import Job, Runtime
+from .runtimes import Job, Runtime, RuntimeFacts, RuntimeRef
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
-
-if TYPE_CHECKING:
-    from .rules import RuntimeFacts, RuntimeRef
 
 NODE_CONTAINER = "node"
 MAX_RUNTIME_PATCHES = 16

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from . import paths, registry
-from .errors import ErrInvalid, Reason, Reasons
+from .errors import ErrInvalid, Reasons
 from .registry import MAX_RUNTIME_PATCHES, NODE_CONTAINER
 from .rule import Checks, Hook, Point, Rule
-from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime, RuntimeFacts, RuntimeRef
 from .settings import Settings
 
 CONTAINER_LISTS = ("initContainers", "containers")
@@ -230,17 +230,6 @@ def _trainer_env(spec: dict[str, Any], reasons: Reasons) -> list[tuple[str, str]
 # ---- runtime requirements (R1 to R8) ----
 
 
-class RuntimeRef(NamedTuple):
-    api_group: str
-    kind: str
-    name: str
-    namespace: str
-
-    def __str__(self) -> str:
-        where = f"{self.namespace}/" if self.kind == NAMESPACED_KIND else ""
-        return f"{self.kind} {where}{self.name}"
-
-
 def runtime_ref(spec: dict[str, Any], namespace: str, reasons: Reasons,
                 checks: Checks | None = None) -> RuntimeRef | None:
     """R1: the reference, with Trainer's defaults where a field is absent; None (with reasons) when it
@@ -288,23 +277,6 @@ def not_found(ref: RuntimeRef, reasons: Reasons, checks: Checks | None = None) -
     if (checks or registry.in_force()).on(registry.R2):
         where = f" in namespace {ref.namespace}" if ref.kind == NAMESPACED_KIND else ""
         reasons.append(registry.R2.refuse("spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}"))
-
-
-@dataclass(frozen=True)
-class RuntimeFacts:
-    """What a runtime alone decides for one set of settings (R3, R4, R5, its mlPolicy)."""
-
-    targets: tuple[str, ...]  # the replicated jobs whose pod has a `node` container (R3)
-    policies: frozenset[str]  # the mlPolicy sources set: torch, mpi, flux, ...
-    reasons: tuple[Reason, ...]  # R3, R4 and R5 reasons, field spec.runtimeRef
-
-    @property
-    def torch(self) -> bool:
-        return "torch" in self.policies
-
-    @property
-    def can_carry(self) -> bool:
-        return not self.reasons
 
 
 def runtime_facts(runtime: Runtime | dict[str, Any], settings: Settings, checks: Checks | None = None) -> RuntimeFacts:

@@ -21,9 +21,10 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import paths
+from .errors import Reason
 
 GROUP = "trainer.kubeflow.org"
 CLUSTER_KIND = "ClusterTrainingRuntime"
@@ -296,3 +297,33 @@ class RuntimeIndex:
             items.update(fresh)
             self._items = items
         return len(fresh)
+
+
+# ---- what a TrainJob names and what a runtime decides (the rules make them; the registry's hooks read them) ----
+
+class RuntimeRef(NamedTuple):
+    api_group: str
+    kind: str
+    name: str
+    namespace: str
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/" if self.kind == NAMESPACED_KIND else ""
+        return f"{self.kind} {where}{self.name}"
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What a runtime alone decides for one set of settings (R3, R4, R5, its mlPolicy)."""
+
+    targets: tuple[str, ...]  # the replicated jobs whose pod has a `node` container (R3)
+    policies: frozenset[str]  # the mlPolicy sources set: torch, mpi, flux, ...
+    reasons: tuple[Reason, ...]  # R3, R4 and R5 reasons, field spec.runtimeRef
+
+    @property
+    def torch(self) -> bool:
+        return "torch" in self.policies
+
+    @property
+    def can_carry(self) -> bool:
+        return not self.reasons

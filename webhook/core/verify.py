@@ -20,7 +20,7 @@ from . import paths
 from . import verify_causes as causes
 from .patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
 from .registry import NODE_CONTAINER
-from .rules import RuntimeFacts
+from .runtimes import RuntimeFacts
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 PUBLISH_BINARY = paths.PUBLISH_DIR + "/publish"
