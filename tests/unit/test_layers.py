@@ -76,3 +76,47 @@ def test_no_module_over_500_lines_and_no_function_over_60():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
                 too_long.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert too_long == []
+
+
+def _imports(path, name: str) -> set[str]:
+    """The webhook modules `name` (at `path`) imports, at any depth of the file (TYPE_CHECKING ones too)."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("webhook.")}
+
+
+def test_no_import_circle_but_the_worker_and_its_connections():
+    """No two modules of the package import each other, directly or round a longer path (a circle makes a
+    module impossible to read or change alone), but one: the worker makes its connections, which read the
+    worker's room and readers back (a type only)."""
+    from pathlib import Path
+
+    import webhook
+
+    root = Path(webhook.__path__[0])
+    files = {".".join(("webhook", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+             for p in root.rglob("*.py")}
+    graph = {name: _imports(path, name) & set(files) - {name} for name, path in files.items()}
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+        return seen
+
+    circled = sorted(m for m in graph if m in reaches(m) and not m.endswith(("__init__", "webhook")))
+    assert circled == ["webhook.serving.connection", "webhook.serving.worker"], circled
