@@ -30,7 +30,7 @@ from ..core.runtimes import KINDS, RuntimeSource
 from ..core.settings import EXAMPLE, Settings, parse
 from ..process import heap, metrics
 from ..serving.application import Listening, gunicorn_application
-from ..serving.worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
+from ..serving.listener import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
 from .files import RuntimeFileError, load_runtimes, load_settings
 
 log = logging.getLogger("dispatch_admission")

@@ -34,8 +34,8 @@ from ..core.settings import Settings
 from ..core.sources import switch_line
 from ..process import metrics
 from .codec import dumps, loads
+from .listener import DEFAULT_MAX_BODY
 from .review_log import ReviewLog
-from .worker import DEFAULT_MAX_BODY
 from .wsgi import error_body
 
 log = logging.getLogger("dispatch_admission")

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .worker import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
+from .listener import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
 
 log = logging.getLogger("dispatch_admission")
 
@@ -39,7 +39,7 @@ def gunicorn_application(load: Callable[[], Callable], listening: Listening, *, 
     from gunicorn.app.base import Application
 
     from . import gunicorn_config
-    from .worker import WorkerOptions
+    from .listener import WorkerOptions
 
     on = listening
 

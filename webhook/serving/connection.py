@@ -22,7 +22,7 @@ from ..process.blocking import NoBlocking
 from .wsgi import INTERNAL, JSON, close_result, error_body, request_environ, response_head
 
 if TYPE_CHECKING:
-    from .worker import Site
+    from .listener import Site
 
 DRAIN_LIMIT = 64 * 1024 * 1024  # an over-limit body longer than this is not read to its end: closed after the 413
 HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is refused (431)

@@ -29,32 +29,20 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
 from ..process import metrics
 from .connection import AnswerPhase, Connection, Phase
+from .listener import Site, WorkerOptions
 from .room import HEADROOM, Room
-from .wsgi import AppThreads, WSGIApp
+from .wsgi import AppThreads
 
-DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
-DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
 SWEEP_EVERY = 0.25              # deadlines are checked this often: a connection is closed at most this late
 METRICS_THREADS = 2             # /metrics is answered on threads of its own (it may wait on the API server's reviews)
 METRICS_WAITING = 8             # ... with at most this many scrapes queued or running; past that, 503 at once
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerOptions:
-    handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
-    request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
-    max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # request bytes held at once (webhook.serving.room); 0: max_body + HEADROOM
-    metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
-    metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -271,22 +259,3 @@ class Worker(base.Worker):
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
             conn.close(abort=True)
-
-
-class Site:
-    """What the connections of one listener share."""
-
-    def __init__(self, worker: Worker, app: WSGIApp, tls: Callable[[], object] | None, host: str, port: int,
-                 bodies: bool = True):
-        self.worker = worker
-        self.app = app
-        self.tls = tls
-        self.loop: asyncio.AbstractEventLoop = worker.loop
-        self.cfg = worker.cfg
-        self.options = worker.options
-        self.bodies = bodies  # False on the metrics listener: it takes no request body
-        self.keepalive = float(self.cfg.keepalive)
-        self.base_environ = {
-            "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr, "wsgi.multithread": True,
-            "wsgi.multiprocess": self.cfg.workers > 1, "wsgi.run_once": False, "wsgi.input_terminated": True}
