@@ -379,7 +379,7 @@ def run(n: int, levels: list[int], runtime_counts: list[int], kyverno: str = "",
             out.append(f"| {level} | {with_p50:.1f} | {pct(latencies, 99):.1f} | {bare_p50:.1f} | "
                        f"{pct(bare[level], 99):.1f} | {with_p50 - bare_p50:+.1f} |")
         out += ["", f"Resident memory of our route-1 webhook's workers after the run: "
-                f"{', '.join(f'{r:.0f} MiB' for r in worker_rss_mib(hooks[0].proc.pid))}."]
+                f"{', '.join(f'{r:.0f} MiB' for r in worker_rss_mib(hooks[0].process.pid))}."]
 
         out += ["", "## 2b. Floors: webhooks that do no work, where ours sits (ours unregistered)", "",
                 "| concurrency | webhook | admissions | mean ms | ≤5 ms | Trainer's defaulter beside it, ms | "
