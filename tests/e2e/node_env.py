@@ -232,9 +232,9 @@ class Kube:
     """The cluster's API through the `kubernetes` client, as plain dicts (the JSON kubectl prints)."""
 
     def __init__(self, c: ControlPlane):
-        from kubernetes import client, config
+        from kubernetes import client
 
-        self.api = config.new_client_from_config(config_file=c.kubeconfig)
+        self.api = c.client()  # the control plane's own client: one connection pool per cluster
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.batch = client.BatchV1Api(self.api)

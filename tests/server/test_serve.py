@@ -331,16 +331,28 @@ def test_read_timeout_is_configurable(serve):
         assert 0.9 <= time.monotonic() - started < 5
 
 
-def test_the_metrics_directory_serve_made_is_gone_when_it_stops(serve, tmp_path):
-    """Without PROMETHEUS_MULTIPROC_DIR, serve makes a temporary directory for its metrics files; it is removed
-    when serve stops (each test server had left one behind in /tmp)."""
-    from tests.process import stop
+def test_the_directories_serve_made_are_gone_when_it_stops(serve, tmp_path):
+    """Without PROMETHEUS_MULTIPROC_DIR and --runtime-store, serve makes temporary directories for its metrics
+    files and its runtime store (webhook.process.temporary); both are removed when serve stops (each test
+    server had left its metrics directory behind in /tmp)."""
+    import yaml
+
+    from tests.process import free_port, stop
 
     temp = tmp_path / "tmp"
     temp.mkdir()
-    hook = serve(env={"TMPDIR": str(temp), "PROMETHEUS_MULTIPROC_DIR": ""})
-    made = list(temp.glob("dispatch-admission-metrics-*"))
-    assert len(made) == 1 and list(made[0].glob("*.db")), made
+    kubeconfig = tmp_path / "kubeconfig"  # an API server nobody answers at: the store is made all the same
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+                                                     "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
+    hook = serve(kubeconfig=str(kubeconfig), ready_path="/healthz",
+                 env={"TMPDIR": str(temp), "PROMETHEUS_MULTIPROC_DIR": ""})
+    made = sorted(temp.glob("dispatch-admission-*"))
+    assert [p.name.rsplit("-", 1)[0] for p in made] == ["dispatch-admission-metrics", "dispatch-admission-runtimes"]
+    assert list(made[0].glob("*.db")), made
     stop(hook.process)
     assert hook.process.returncode == 0, hook.log.read_text()[-2000:]
-    assert not made[0].exists(), "serve left its metrics directory"
+    assert [p for p in made if p.exists()] == [], "serve left a directory it made"

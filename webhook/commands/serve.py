@@ -14,7 +14,6 @@ import atexit
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from ..core.errors import Denied, ErrInvalid, Reason
 from ..core.runtimes import KINDS, RuntimeSource
 from ..core.settings import EXAMPLE, Settings, parse
 from ..process import heap, metrics
+from ..process.temporary import remove_at_exit
 from ..serving.application import Listening, gunicorn_application
 from ..serving.listener import DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT
 from .files import RuntimeFileError, load_runtimes, load_settings
@@ -259,8 +259,7 @@ def _runtime_store(config: ServeConfig, master: int) -> str | None:
 
     directory = store.prepare(config.runtime_store, fresh=not config.external_keeper)
     if not config.runtime_store:
-        atexit.register(lambda: os.getpid() == master
-                        and shutil.rmtree(directory, ignore_errors=True))  # type: ignore[func-returns-value]
+        remove_at_exit(directory)  # in the master: the workers and the keeper leave it
     if not config.external_keeper:
         _start_keeper(config, directory, master)
     return directory

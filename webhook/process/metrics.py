@@ -49,10 +49,8 @@ The names are a contract (alerts and the dashboard query them):
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -71,6 +69,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .temporary import remove_at_exit
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +126,9 @@ def count_would_deny(families: Metrics, would_deny: Iterable[tuple[str, str]]) -
 
 
 def _made_directory() -> str:
-    """A temporary directory of this process's own, removed when it exits (a forked worker's exit leaves it)."""
-    made, owner = tempfile.mkdtemp(prefix="dispatch-admission-metrics-"), os.getpid()
-
-    def remove() -> None:
-        if os.getpid() == owner:
-            shutil.rmtree(made, ignore_errors=True)
-
-    atexit.register(remove)
+    """A temporary directory of this process's own, removed when it exits."""
+    made = tempfile.mkdtemp(prefix="dispatch-admission-metrics-")
+    remove_at_exit(made)
     return made
 
 
