@@ -97,6 +97,8 @@ def test_health_ready_metrics(server):
     assert requests.get(base + "/healthz", verify=ca, timeout=5).json() == {"status": "ok"}
     ready = requests.get(base + "/readyz", verify=ca, timeout=5).json()
     assert ready["ready"] is True and all(ready["checks"].values())
+    # Its own 415 (under xdist this module's tests are spread over workers: test_request_hygiene's may be elsewhere).
+    assert server.post("/mutate", b"{}", content_type="text/plain").status_code == 415
     server.post("/validate", review(trainjob()))
     # Counted just after the answer is written: polled.
     counted = 'dispatch_admission_reviews_total{endpoint="validate",outcome="denied",sentinel="ErrInvalid"}'
