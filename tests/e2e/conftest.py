@@ -16,6 +16,7 @@ import pytest
 from tests.e2e import toolchain
 from tests.e2e.cluster import LOGS as _LOGS
 from tests.e2e.cluster import ControlPlane, logs_since
+from tests.e2e.image import prebuild_webhook_image
 from tests.e2e.node_env import NS, NodeEnv, ensure_namespaces, reset_workloads, start_trainer_on_node, webhook_settings
 from tests.e2e.webhooks import Webhook, start_our_webhooks
 from tests.helpers import EXAMPLES
@@ -114,12 +115,15 @@ def env(tmp_path_factory):
 # ---- the one-node cluster of the node suites (test_node, test_verify, test_kueue, test_install) ----
 
 @pytest.fixture(scope="session")
-def shared_node(tmp_path_factory):
+def shared_node(request, tmp_path_factory):
     """The one-node cluster, started once for the node suites (tests/e2e/node_env.py says what it holds); each
-    suite's module fixture adds its own and resets the node after itself."""
+    suite's module fixture adds its own and resets the node after itself. When test_install runs in this session,
+    the webhook image is built and pushed to the node's registry meanwhile (its fixture then finds it there)."""
     tmp = tmp_path_factory.mktemp("node")
     with contextlib.ExitStack() as stack:
         nc = start_trainer_on_node(stack, tmp)
+        if any(Path(str(item.fspath)).name == "test_install.py" for item in request.session.items):
+            stack.callback(prebuild_webhook_image(nc.registry).join)  # not left running past the node
         yield nc
     assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 

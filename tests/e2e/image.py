@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import tomllib
 import urllib.request
@@ -534,14 +535,31 @@ def build_session() -> _Session:
     return _SESSION[0]
 
 
+_BUILDING = threading.Lock()  # one build at a time in this process: a prebuild's thread and the test that needs it
+
+
 def build_webhook_image(registry: Registry) -> str:
     """The webhook image, built once per session, pushed to `registry`: `HOST/dispatch-admission@sha256:...`."""
-    session = build_session()
-    if registry.host not in session.pushed:
-        if session.layout is None:
-            session.layout = build_layout(registry, session.context, session.work / "layout")
-        session.pushed[registry.host] = registry.push_oci_layout(REPO, session.layout)
-    return session.pushed[registry.host]
+    with _BUILDING:
+        session = build_session()
+        if registry.host not in session.pushed:
+            if session.layout is None:
+                session.layout = build_layout(registry, session.context, session.work / "layout")
+            session.pushed[registry.host] = registry.push_oci_layout(REPO, session.layout)
+        return session.pushed[registry.host]
+
+
+def prebuild_webhook_image(registry: Registry) -> threading.Thread:
+    """`build_webhook_image(registry)` started in a thread: the node suites wait on pods meanwhile, and
+    test_install's fixture then finds the image pushed (or waits for the build to end). A failure here is left
+    for that fixture's own call to raise."""
+    def build() -> None:
+        with contextlib.suppress(Exception):
+            build_webhook_image(registry)
+
+    thread = threading.Thread(target=build, name="prebuild-webhook-image", daemon=True)
+    thread.start()
+    return thread
 
 
 def python_version() -> str:
