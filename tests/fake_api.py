@@ -41,8 +41,11 @@ class FakeAPI:
                 self.send_response(201)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                try:
+                    self.end_headers()
+                    self.wfile.write(out)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a client whose time ran out while the gate or the delay held its answer: what tests want
 
             def log_message(self, *args):
                 pass
