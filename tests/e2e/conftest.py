@@ -48,10 +48,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("node"))
         elif path.name not in INDEPENDENT:
             item.add_marker(pytest.mark.xdist_group(f"e2e/{path.name}"))
-    # The node suites first, one after another: under xdist their group is the longest (about half the run), so
+    # The node suites first, one after another: under xdist their group is the longest (most of the run), so
     # it starts on the first worker at once while the others take the rest; without xdist the shared node is up
-    # only while they run.
+    # only while they run. In NODE_SUITES' order (a stable sort: each file's own order kept): test_install last,
+    # so the webhook image is built while the lighter suites run, and its hostile and memory tests come when the
+    # other workers are done (they were first, by the files' names, with the image not built yet).
     on_node = [i for i in items if "tests/e2e/" in str(i.fspath) and Path(str(i.fspath)).name in NODE_SUITES]
+    on_node.sort(key=lambda i: NODE_SUITES.index(Path(str(i.fspath)).name))
     if on_node:
         chosen = set(on_node)
         items[:] = on_node + [i for i in items if i not in chosen]
