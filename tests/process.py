@@ -79,6 +79,19 @@ def free_port() -> int:
     raise RuntimeError("no loopback port left that this session has not used")
 
 
+def unanswered_kubeconfig(path: Path) -> str:
+    """A kubeconfig naming an API server nobody answers at (a free loopback port): the watch never lists."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+                                                     "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
+    return str(path)
+
+
 def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
     if proc.poll() is not None:
         return

@@ -335,20 +335,12 @@ def test_the_directories_serve_made_are_gone_when_it_stops(serve, tmp_path):
     """Without PROMETHEUS_MULTIPROC_DIR and --runtime-store, serve makes temporary directories for its metrics
     files and its runtime store (webhook.process.temporary); both are removed when serve stops (each test
     server had left its metrics directory behind in /tmp)."""
-    import yaml
-
-    from tests.process import free_port, stop
+    from tests.process import stop, unanswered_kubeconfig
 
     temp = tmp_path / "tmp"
     temp.mkdir()
-    kubeconfig = tmp_path / "kubeconfig"  # an API server nobody answers at: the store is made all the same
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
-        "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
-                                                     "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "x"}}],
-        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
-    hook = serve(kubeconfig=str(kubeconfig), ready_path="/healthz",
+    kubeconfig = unanswered_kubeconfig(tmp_path / "kubeconfig")  # the store is made all the same
+    hook = serve(kubeconfig=kubeconfig, ready_path="/healthz",
                  env={"TMPDIR": str(temp), "PROMETHEUS_MULTIPROC_DIR": ""})
     made = sorted(temp.glob("dispatch-admission-*"))
     assert [p.name.rsplit("-", 1)[0] for p in made] == ["dispatch-admission-metrics", "dispatch-admission-runtimes"]

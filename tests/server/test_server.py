@@ -11,10 +11,9 @@ import time
 
 import pytest
 import requests
-import yaml
 
 from tests.helpers import ROOT, eventually, review, trainjob
-from tests.process import RUNTIME_ARGS, SETTINGS, free_port
+from tests.process import RUNTIME_ARGS, SETTINGS, unanswered_kubeconfig
 from tests.tls import handshake, rotate_serving
 from webhook import certs
 
@@ -199,14 +198,7 @@ def test_certificate_rotation_without_failed_requests(serve, tmp_path):
 def test_not_ready_and_unavailable_until_the_runtime_cache_syncs(serve, tmp_path):
     """With the API server unreachable the watch never completes its first list: /readyz is 503 and a
     review answers ErrUnavailable (503), never ErrNotFound and never an allowed admission."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
-        "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
-                                                     "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "x"}}],
-        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "u"}}]}))
-    s = serve(kubeconfig=str(kubeconfig), ready_path="/healthz")
+    s = serve(kubeconfig=unanswered_kubeconfig(tmp_path / "kubeconfig"), ready_path="/healthz")
     ready = requests.get(s.url + "/readyz", verify=s.ca, timeout=5)
     assert ready.status_code == 503 and ready.json()["checks"]["runtimes"] is False
     got = s.review(review(trainjob()))
