@@ -128,6 +128,9 @@ def shared_node(request, tmp_path_factory):
         if any(Path(str(item.fspath)).name == "test_install.py" for item in request.session.items):
             stack.callback(prebuild_webhook_image(nc.registry).join)  # not left running past the node
         yield nc
+        if nc.owed:  # no suite comes after: the node's teardown takes these with it
+            print(f"\nowed to the node, dropped with it: {'; '.join(what for what, _ in nc.owed)}")
+            nc.owed.clear()
     assert not nc.node.problems, f"the node's teardown left: {nc.node.problems}"
 
 
@@ -136,6 +139,7 @@ def node_env(shared_node, tmp_path_factory):
     """test_node's and test_verify's: our webhook as two processes on the shared node (settings naming the publish
     image the harness pushed) and namespace team-q; the node reset after the module."""
     nc = shared_node
+    nc.settle()
     c = nc.cluster
     tmp = tmp_path_factory.mktemp("node-env")
     ensure_namespaces(c, "team-q")

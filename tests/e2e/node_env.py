@@ -61,7 +61,7 @@ def node_runtimes(images: Images) -> list[dict]:
     """Trainer's stock torch runtime (its image replaced by the training image), an MPI runtime with a
     launcher (examples/runtimes/mpi-launcher.yaml, modelled on Trainer's deepspeed runtime), the route 2
     runtime whose init container copies the binary (examples/runtimes/torch-init.yaml) and one whose init
-    container copies nothing."""
+    container copies nothing. Their pods end 1 s after a delete."""
     torch = yaml.safe_load((toolchain.trainer_module() / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
                            .read_text())
     node_pod(torch)["containers"][0]["image"] = images.training
@@ -88,7 +88,11 @@ def node_runtimes(images: Images) -> list[dict]:
                                     command=["/bin/sh", "-c",
                                              "echo dispatch-publish: this init container copies nothing"])
     pod["containers"][0]["image"] = images.training
-    return [torch, mpi, init, empty]
+    runtimes = [torch, mpi, init, empty]
+    for runtime in runtimes:  # a shell or `sleep` as PID 1 ignores SIGTERM: every cascade waited the default 30 s
+        for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    return runtimes
 
 
 def node_pod(runtime: dict) -> dict:

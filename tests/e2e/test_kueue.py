@@ -120,6 +120,7 @@ def kueue_env(shared_node, tmp_path_factory):
     """Kueue and our webhook on the shared node; after the module, the jobs deleted while Kueue still runs (it
     finalises their Workloads), Kueue and its webhooks gone, the suite's runtimes removed."""
     nc = shared_node
+    nc.settle()
     c = nc.cluster
     tmp = tmp_path_factory.mktemp("kueue")
     with contextlib.ExitStack() as stack:
