@@ -180,17 +180,23 @@ def cmd_certs(args) -> int:
 def cmd_certificates(args) -> int:
     import logging
     import os
-    import time
+    import signal
+    import threading
 
     from .. import certs
     from ..kube.cluster import api_client
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    # As a container's PID 1 the process ignores SIGTERM unless it handles it: the kubelet then waited the whole
+    # grace period (30 s) on every uninstall and, the Deployment being Recreate, every rollout of the controller.
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
     controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
                                              certs.service_names(args.tls_service, namespace),
                                              args.webhook_configuration, args.ca_secret)
-    while True:
+    while not stopped.is_set():
         try:
             controller.sync()
         except Exception as e:  # the API refused or cannot be reached: the pods keep serving, try again
@@ -199,7 +205,9 @@ def cmd_certificates(args) -> int:
             print(json.dumps({"msg": "certificate sync failed", "error": str(e)[:300]}), file=sys.stderr)
         if args.once:
             return EXIT_OK
-        time.sleep(args.every)
+        stopped.wait(args.every)
+    print(json.dumps({"msg": "certificate controller stopped"}), file=sys.stderr)
+    return EXIT_OK
 
 
 WILDCARDS = ("", "0.0.0.0", "::", "*")
