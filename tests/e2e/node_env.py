@@ -5,7 +5,9 @@ The session starts the node once (conftest.py's `shared_node`): tests/e2e/node.p
 the credentials Secret, the node's runtimes and Trainer's controller manager with its webhooks. Each suite adds
 what is its own (our webhook processes, Kueue, the chart) in a module fixture and, when done, leaves the node
 as it found it (`reset_workloads`): no TrainJob, JobSet, Job or workload pod in its namespaces, no webhook
-configuration of ours.
+configuration of ours. A cleanup that only a later suite needs (minutes of the API server's time) is owed to the
+node instead (`NodeCluster.owe`): each suite's fixture pays what is owed first (`settle`), and the node drops it
+when it stops.
 
 Waits poll objects through the Python client (one connection pool per cluster), not a kubectl process a poll.
 """
