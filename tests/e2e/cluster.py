@@ -77,6 +77,7 @@ class ControlPlane:
         self.service_cidr = service_cidr
         self.service_ip = str(next(ipaddress.ip_network(service_cidr).hosts()))
         self.extra_args = list(extra_args or [])
+        self.go_env: dict[str, str] = {}  # GOGC and the like for etcd and kube-apiserver; stock unless set
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = toolchain.kubernetes_bins()
         self.kubectl_bin = str(self.bins["kubectl"])
@@ -236,11 +237,7 @@ class ControlPlane:
                 stop(proc, grace)
 
     def _spawn(self, cmd: list[str], log: Path, append: bool = False) -> subprocess.Popen:
-        # GOGC=400: a quarter of the garbage collections. A CPU profile of the node's API server under the hostile
-        # test had ~20% of its time in the collector; this machine has memory (24 GiB) where it is short of cores.
-        # GOMEMLIMIT keeps that within bounds: the collector runs more often near 4 GiB (the node's API server
-        # reached 5.9 GiB RSS under the hostile test without it).
-        env = {**os.environ, "GOGC": "400", "GOMEMLIMIT": "4GiB"}
+        env = {**os.environ, **self.go_env}
         with open(log, "ab" if append else "wb") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 

@@ -180,18 +180,14 @@ def cmd_certs(args) -> int:
 def cmd_certificates(args) -> int:
     import logging
     import os
-    import signal
-    import threading
 
     from .. import certs
     from ..kube.cluster import api_client
+    from ..process.stopping import stopped_by_signals
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    # As a container's PID 1 the process ignores SIGTERM unless it handles it: the kubelet then waited the whole
-    # grace period (30 s) on every uninstall and, the Deployment being Recreate, every rollout of the controller.
-    stopped = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopped.set())
+    # Without it, every uninstall and every rollout of the (Recreate) Deployment waited the pod's 30 s grace.
+    stopped = stopped_by_signals()
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "default"
     controller = certs.CertificateController(api_client(args.kubeconfig), namespace, args.tls_secret,
                                              certs.service_names(args.tls_service, namespace),

@@ -20,6 +20,7 @@ import threading
 import time
 
 from ..core.runtimes import KINDS
+from ..process.stopping import stopped_by_signals
 from . import live_reads
 from .cluster import ReadStats, Reflector, RuntimeAPI, api_client
 from .store import StoreFull, StoreWriter, prepare
@@ -49,9 +50,7 @@ class Keeper:
 def run(directory: str, kubeconfig: str | None = None, rate: float = live_reads.DEFAULT_RATE,
         burst: int = live_reads.DEFAULT_BURST, fresh: bool = False, parent: int | None = None) -> int:
     """Keep the store in `directory` until SIGTERM (or, with `parent`, until that process is gone)."""
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped = stopped_by_signals()
     if parent is not None:
         _die_with_parent(parent)
     writer = StoreWriter(prepare(directory, fresh=fresh))
