@@ -342,10 +342,12 @@ class BuildKit:
         return _run([str(self.bins / "buildctl"), "--addr", self.addr, *args], timeout=timeout)
 
     def build(self, context: Path, out: Path, build_args: dict[str, str], secrets: dict[str, Path],
-              no_cache: bool = False, rewrite_timestamp: bool = True, platforms: tuple[str, ...] = ()) -> dict:
+              no_cache: bool = False, rewrite_timestamp: bool = True, platforms: tuple[str, ...] = (),
+              cache_from: Path | None = None, cache_to: Path | None = None) -> dict:
         """Build `context`'s Dockerfile with the built-in dockerfile.v0 frontend, with its provenance
         attestation (mode=max), into the OCI layout directory `out`, for `platforms` (default: the worker's,
-        linux/amd64); returns buildctl's metadata (containerimage.digest among it)."""
+        linux/amd64); returns buildctl's metadata (containerimage.digest among it). `cache_from` is a local
+        cache (an OCI layout of BuildKit's) to take steps from, `cache_to` where this build's is written."""
         meta = out.parent / f"{out.name}.metadata.json"
         args = ["build", "--frontend", "dockerfile.v0", "--local", f"context={context}",
                 "--local", f"dockerfile={context}", "--progress", "plain", "--metadata-file", str(meta),
@@ -358,6 +360,10 @@ class BuildKit:
             args += ["--no-cache"]
         if platforms:
             args += ["--opt", "platform=" + ",".join(platforms)]
+        if cache_from is not None:
+            args += ["--import-cache", f"type=local,src={cache_from}"]
+        if cache_to is not None:
+            args += ["--export-cache", f"type=local,dest={cache_to},mode=max"]
         # The name is the attestation's subject (as `-t` would give it); the layout is pushed under any name.
         output = f"type=oci,tar=false,dest={out},name=docker.io/library/{REPO}:e2e"
         if rewrite_timestamp:
@@ -482,10 +488,33 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
             kit = stack.enter_context(buildkitd([registry.host]))
             TIMINGS["buildkitd start"] = time.monotonic() - started
         started = time.monotonic()
+        cache_from, cache_to = stack.enter_context(steps_cache()) if not no_cache else (None, None)
         kit.build(context.dir, out, build_args, proxy_secrets(out.parent) if secrets is None else secrets,
-                  no_cache=no_cache, rewrite_timestamp=rewrite_timestamp, platforms=platforms)
+                  no_cache=no_cache, rewrite_timestamp=rewrite_timestamp, platforms=platforms,
+                  cache_from=cache_from, cache_to=cache_to)
         TIMINGS[f"image build ({out.name})"] = time.monotonic() - started
     return out
+
+
+@contextlib.contextmanager
+def steps_cache():
+    """BuildKit's cache of the image's steps (type=local, mode=max), kept in the e2e cache across builds and runs:
+    yields where to import it from (None the first time) and where to export this build's, which then takes its
+    place. The second build of a run (test_image's worker and the node suites' each build the image) and a warm
+    run's find every step there: 9 s where 32. The lock is held for the build, so another worker's waits, then
+    finds the steps. A run stopped between the renames leaves no cache (the next build makes every step again),
+    never a half-written one. The from-scratch build (rebuild_from_scratch, --no-cache) takes none of it and
+    must give the same image digest."""
+    cache = toolchain.cache_root() / "buildkit-cache"
+    fresh, old = cache.with_name(f"{cache.name}.new"), cache.with_name(f"{cache.name}.old")
+    with toolchain.cache_lock(cache.name):
+        for leftover in (fresh, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        yield (cache if (cache / "index.json").exists() else None), fresh
+        if cache.exists():
+            cache.rename(old)
+        fresh.rename(cache)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def layout_digest(layout: Path) -> str:
