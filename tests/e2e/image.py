@@ -488,7 +488,8 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
             kit = stack.enter_context(buildkitd([registry.host]))
             TIMINGS["buildkitd start"] = time.monotonic() - started
         started = time.monotonic()
-        cache_from, cache_to = stack.enter_context(steps_cache()) if not no_cache else (None, None)
+        cache_from, cache_to = (None, None) if no_cache else stack.enter_context(
+            steps_cache(f"{context.epoch} {rewrite_timestamp} {','.join(platforms)}"))
         kit.build(context.dir, out, build_args, proxy_secrets(out.parent) if secrets is None else secrets,
                   no_cache=no_cache, rewrite_timestamp=rewrite_timestamp, platforms=platforms,
                   cache_from=cache_from, cache_to=cache_to)
@@ -497,23 +498,30 @@ def build_layout(registry: Registry, context: Context, out: Path, *, no_cache: b
 
 
 @contextlib.contextmanager
-def steps_cache():
+def steps_cache(key: str):
     """BuildKit's cache of the image's steps (type=local, mode=max), kept in the e2e cache across builds and runs:
     yields where to import it from (None the first time) and where to export this build's, which then takes its
     place. The second build of a run (test_image's worker and the node suites' each build the image) and a warm
     run's find every step there: 9 s where 32. The lock is held for the build, so another worker's waits, then
     finds the steps. A run stopped between the renames leaves no cache (the next build makes every step again),
     never a half-written one. The from-scratch build (rebuild_from_scratch, --no-cache) takes none of it and
-    must give the same image digest."""
+    must give the same image digest.
+
+    `key` is what changes the layers' bytes but not BuildKit's cache keys: SOURCE_DATE_EPOCH, to which
+    rewrite-timestamp clamps the files' times, above all. A cache made at another commit's time is not imported
+    (its layers, every step of them cached, would keep that time: seen, a digest unlike the from-scratch one's)."""
     cache = toolchain.cache_root() / "buildkit-cache"
-    fresh, old = cache.with_name(f"{cache.name}.new"), cache.with_name(f"{cache.name}.old")
+    fresh, old, made_for = (cache.with_name(f"{cache.name}{suffix}") for suffix in (".new", ".old", ".key"))
     with toolchain.cache_lock(cache.name):
         for leftover in (fresh, old):
             shutil.rmtree(leftover, ignore_errors=True)
-        yield (cache if (cache / "index.json").exists() else None), fresh
+        same = (cache / "index.json").exists() and made_for.exists() and made_for.read_text() == key
+        yield (cache if same else None), fresh
+        made_for.unlink(missing_ok=True)
         if cache.exists():
             cache.rename(old)
         fresh.rename(cache)
+        made_for.write_text(key)
         shutil.rmtree(old, ignore_errors=True)
 
 
