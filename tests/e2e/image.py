@@ -586,11 +586,15 @@ def build_webhook_image(registry: Registry) -> str:
         return session.pushed[registry.host]
 
 
-def prebuild_webhook_image(registry: Registry) -> threading.Thread:
+def prebuild_webhook_image(registry: Registry, nice: int | None = None) -> threading.Thread:
     """`build_webhook_image(registry)` started in a thread: the node suites wait on pods meanwhile, and
     test_install's fixture then finds the image pushed (or waits for the build to end). A failure here is left
-    for that fixture's own call to raise."""
+    for that fixture's own call to raise. `nice`: the thread's (and the build's) nice value, where the caller's
+    would be inherited."""
     def build() -> None:
+        if nice is not None:  # the image is needed minutes later, the node's start now
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
         with contextlib.suppress(Exception):
             build_webhook_image(registry)
 
