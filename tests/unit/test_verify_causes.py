@@ -170,11 +170,17 @@ def test_a_running_pod_is_not_held_by_its_warnings():
     assert not st.done and st.reached is v.Stage.STARTED and st.waiting == "running: waiting for it to exit"
 
 
-def test_the_scheduler_event_stands_in_for_a_condition_without_a_message():
+def test_the_scheduler_event_stands_in_for_a_condition_without_a_message_but_never_ends_the_probe():
+    """One order of sources: the condition is the verdict. The event arriving first (a watcher may see either
+    first) says why the pod waits, and the probe then ends on the condition's words, whichever came first."""
     shape = json.loads(json.dumps(SHAPES["too-big"]))
+    with_condition = causes.scheduling_cause(shape["pod"], shape["events"], NS)
     shape["pod"]["status"]["conditions"][0].pop("message")
     cause = causes.scheduling_cause(shape["pod"], shape["events"], NS)
-    assert cause.final and cause.message.startswith("FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu.")
+    assert not cause.final
+    assert cause.message.startswith("FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu.")
+    assert cause.hint == with_condition.hint
+    assert with_condition.final and with_condition.message.startswith("Unschedulable: 0/1 nodes are available: 1 ")
     assert not causes.scheduling_cause(shape["pod"], [], NS).final
 
 

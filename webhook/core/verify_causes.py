@@ -20,6 +20,7 @@ A cluster that grows on demand says so on the pod (cluster-autoscaler's `Trigger
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -132,18 +133,24 @@ def _unresolvable_everywhere(message: str) -> bool:
 
 
 def scheduling_cause(pod: dict[str, Any], events: Iterable[dict[str, Any]], namespace: str) -> Cause:
-    """Why the pod is not bound to a node: the PodScheduled condition's message (current), else the latest
-    FailedScheduling event's."""
+    """Why the pod is not bound to a node. One stated order of sources: the PodScheduled condition's message is
+    the verdict; the latest FailedScheduling event only stands in while the condition has none, and never ends
+    the probe. The scheduler writes both in the same cycle but they reach a watcher in either order, so a verdict
+    taken from whichever came first made the reported cause depend on the race."""
     events = list(events)
     cond: dict[str, Any] = next((c for c in (pod.get("status") or {}).get("conditions") or []
                                  if c.get("type") == "PodScheduled"), {})
     if cond.get("message"):
-        message = f"{cond.get('reason') or 'Unschedulable'}: {cond['message']}"
-    else:
-        event = latest(events, ("FailedScheduling",))
-        if event is None:
-            return Cause(UNSCHEDULABLE, "the pod is not bound to a node yet", "", final=False)
-        message = f"FailedScheduling: {event.get('message') or ''}"
+        return _scheduler_verdict(f"{cond.get('reason') or 'Unschedulable'}: {cond['message']}", pod, events,
+                                  namespace)
+    event = latest(events, ("FailedScheduling",))
+    if event is None:
+        return Cause(UNSCHEDULABLE, "the pod is not bound to a node yet", "", final=False)
+    stand_in = _scheduler_verdict(f"FailedScheduling: {event.get('message') or ''}", pod, events, namespace)
+    return dataclasses.replace(stand_in, final=False)
+
+
+def _scheduler_verdict(message: str, pod: dict[str, Any], events: list[dict[str, Any]], namespace: str) -> Cause:
     claim = _PVC_MISSING.search(message)
     if claim:
         return Cause(PVC_MISSING, message, f"create the PersistentVolumeClaim {claim.group('name')} in namespace "
