@@ -13,7 +13,7 @@ JOBS ?= 4
 XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
 .PHONY: install run test test-extra test-compat unit e2e toolchain toolchain-extra wrk bench bench-cluster bench-kyverno \
-	sweep clean lock docs lint \
+	sweep clean lock docs lint demo \
 	docs-check serve-docs
 
 # uv resolves and installs the package and its extras (10 s from its cache, where pip took 43 s); pip only
@@ -30,6 +30,12 @@ install: $(VENV)/.installed
 
 run: install
 	$(VENV)/bin/dispatch-admission serve --dev
+
+# The step between `make run` and a production install: the end-to-end harness's one-node cluster (root, Go) with
+# Trainer and the chart installed from the image built here; one admitted and one refused TrainJob; left running
+# until Ctrl-C (tests/e2e/demo.py).
+demo: install toolchain
+	$(PY) -m tests.e2e.demo
 
 # Builds kube-apiserver, kubectl, etcd and helm from pinned Go modules into ~/.cache (once per version).
 toolchain: install

@@ -102,3 +102,13 @@ def certificate_controller(c, release: str, tmp_path):
         yield log
     finally:
         stop(proc)
+
+
+def node_values(publish_image: str, image: str, tests_namespace: str) -> dict:
+    """The chart's values on the harness's node: the webhook image built here (`HOST/REPO@sha256:...`), the publish
+    image the node's registry holds, and helm test's TrainJobs where the node's runtimes are (test_install, demo)."""
+    repository, digest = image.split("@")
+    return {"image": {"repository": repository, "digest": digest},
+            "publish": {"image": publish_image},
+            "tests": {"namespace": tests_namespace, "timeoutSeconds": 120}}
+

@@ -134,3 +134,105 @@ def flood_pod(namespace: str, image: str, target: str, metrics: str, seconds: in
                                                          "readOnlyRootFilesystem": True,
                                                          "capabilities": {"drop": ["ALL"]}},
                                      "resources": {"limits": {"memory": "128Mi"}}}]}}
+
+
+# Issue 47's tenant at volume: a runtime whose every answer is large (a patch per target job), a client that
+# pipelines reviews naming it and never reads an answer, and bodies whose parsed form is far larger than their bytes.
+
+def wide_runtime(name: str, namespace: str, jobs: int = 100) -> dict:
+    """A TrainingRuntime of `jobs` replicated jobs, each with a `node` container: the webhook's entry patches every
+    one, so each /mutate answer naming it is some 78 KB for a request of a few hundred bytes."""
+    return _runtime(name, namespace, [_job(f"node-{i:03d}", {"containers": [{"name": "node", "image": "pytorch"}]})
+                                      for i in range(jobs)])
+
+
+# Run in a pod: CONNECTIONS TLS connections each send COUNT pipelined /mutate reviews naming RUNTIME and never
+# read a byte back (a small receive buffer, so the answers back up into the server at once); each holds on for
+# SECONDS or until the server gives up on it. One JSON line at the end: reviews sent per connection and how each
+# connection ended ("held": still open at the end; else the error that ended the sending).
+PIPELINE = r'''
+import json, os, socket, ssl, threading, time
+host, port = os.environ["TARGET"].rsplit(":", 1)
+count, seconds, runtime = int(os.environ["COUNT"]), float(os.environ["SECONDS"]), os.environ["RUNTIME"]
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+results, lock = [], threading.Lock()
+def request(i):
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": f"pipe-{i}", "operation": "CREATE", "namespace": "tenant-a", "name": "x",
+        "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                   "metadata": {"name": "x", "namespace": "tenant-a"},
+                   "spec": {"runtimeRef": {"name": runtime, "kind": "TrainingRuntime"}}}}}).encode()
+    head = f"POST /mutate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+def one():
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.settimeout(seconds)
+    sent, end, outcome = 0, time.monotonic() + seconds, "held"
+    try:
+        raw.connect((host, int(port)))
+        sock = ctx.wrap_socket(raw, server_hostname=host)
+        for i in range(count):
+            if time.monotonic() > end:
+                break
+            sock.sendall(request(i)); sent += 1
+        while time.monotonic() < end:  # hold on, reading nothing; a closed connection fails the next send
+            time.sleep(1)
+            sock.sendall(b"\r\n")
+    except (OSError, ssl.SSLError) as e:
+        outcome = type(e).__name__
+    with lock:
+        results.append({"sent": sent, "ended": outcome})
+threads = [threading.Thread(target=one) for _ in range(int(os.environ.get("CONNECTIONS", "8")))]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(results), flush=True)
+'''
+
+# Run in a pod: THREADS threads post, for SECONDS, bodies of BYTES whose parsed form is large: a flat list of empty
+# lists (`[[],[],...]`: one Python list per 3 bytes) and, in turn, a deep one (`[[[...]]]`). One JSON line of
+# counts by HTTP status at the end.
+NESTED = r'''
+import http.client, json, os, ssl, threading, time
+host, port = os.environ["TARGET"].rsplit(":", 1)
+size, seconds = int(os.environ["BYTES"]), float(os.environ["SECONDS"])
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+flat = b"[" + b"[]," * ((size - 4) // 3) + b"[]]"
+deep = b"[" * (size // 2) + b"]" * (size // 2)
+counts, lock, end = {}, threading.Lock(), time.monotonic() + seconds
+def note(key):
+    with lock: counts[key] = counts.get(key, 0) + 1
+def post():
+    n = 0
+    while time.monotonic() < end:
+        body, shape = (flat, "flat") if n % 2 == 0 else (deep, "deep")
+        n += 1
+        try:
+            conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
+            conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+            got = conn.getresponse(); got.read(); note(f"{shape} {got.status}"); conn.close()
+        except Exception as e:
+            note(f"{shape} error {type(e).__name__}"); time.sleep(0.2)
+threads = [threading.Thread(target=post) for _ in range(int(os.environ.get("THREADS", "2")))]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(counts), flush=True)
+'''
+
+
+def script_pod(name: str, namespace: str, image: str, script: str, env: dict[str, str],
+               memory: str = "256Mi") -> dict:
+    """A pod of the webhook's own image (Python's standard library) that runs `script` with `env`, as the tenant
+    could: no service account token, no privilege."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{"name": name, "image": image, "command": ["python3", "-c", script],
+                                     "env": [{"name": k, "value": v} for k, v in env.items()],
+                                     "securityContext": {"allowPrivilegeEscalation": False,
+                                                         "readOnlyRootFilesystem": True,
+                                                         "capabilities": {"drop": ["ALL"]}},
+                                     "resources": {"limits": {"memory": memory}}}]}}

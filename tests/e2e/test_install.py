@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives import serialization
 from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
+from tests.e2e.helm import node_values
 from tests.e2e.node import NODE_NAME, Images, NodeCluster
 from tests.e2e.node_env import (
     CREDS_PATH,
@@ -342,11 +343,8 @@ class Installed:
 
 
 def webhook_values(images: Images, image: str) -> dict:
-    repository, digest = image.split("@")
-    return {"image": {"repository": repository, "digest": digest},
-            "publish": {"image": images.publish},
-            # the helm test's TrainJobs go where ours are served, on a runtime that exists here
-            "tests": {"namespace": NS, "timeoutSeconds": 120}}
+    # the helm test's TrainJobs go where ours are served, on a runtime that exists here
+    return node_values(images.publish, image, NS)
 
 
 @pytest.fixture(scope="module")
