@@ -53,8 +53,9 @@ def _cut(text: str) -> str:
 
 
 def size(value: Any) -> int:
-    """Bytes of `value` as JSON the way the Kubernetes client sends it (non-ASCII escaped)."""
-    return len(json.dumps(value, separators=(",", ":")))
+    """Bytes of `value` as JSON the way the Kubernetes client sends it (json.dumps' defaults: non-ASCII escaped,
+    `, ` and `: ` between items)."""
+    return len(json.dumps(value))
 
 
 class ReportBuilder:
@@ -65,7 +66,7 @@ class ReportBuilder:
         now = now or datetime.now(UTC)
         self.timestamp = {"seconds": int(now.timestamp()), "nanos": 0}
         self.summary = {status: 0 for status in ("pass", "fail", "warn", "error", "skip")}
-        # Each kept result with its size (and a comma) in bytes; `_bytes` their sum.
+        # Each kept result with its size (and its separator) in bytes; `_bytes` their sum.
         self._kept: dict[str, list[tuple[dict[str, Any], int]]] = {status: [] for status in ORDER}
         self._bytes = 0
 
@@ -73,7 +74,7 @@ class ReportBuilder:
         for status, rule, reason, message in _results(finding):
             self.summary[status] += 1
             result = self._result(finding, uid, status, rule, reason, message)
-            bytes_ = size(result) + 1
+            bytes_ = size(result) + 2  # and its ", "
             if self._room_for(status, bytes_):
                 self._kept[status].append((result, bytes_))
                 self._bytes += bytes_
