@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
+import weakref
 from datetime import UTC, datetime
 
+import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.helpers import runtime, trainjob
+from webhook.commands import audit
 from webhook.commands.audit import ClusterUnreadable, OpenReports
 from webhook.core import reports
+from webhook.core.settings import Settings
+from webhook.kube import cluster
 from webhook.core.audit import Finding, Verdict
 from webhook.core.errors import ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
 
@@ -249,3 +256,67 @@ def test_without_the_crds_nothing_is_tried_further():
     api = FakeReportsAPI(refuse={"team-a": gone})
     written = _open_reports(api, ["team-a", "team-b"], io.StringIO())
     assert written.write() == ["team-b/dispatch-admission"] and written.failed == 1
+
+
+class Raw(dict):
+    """A part of a list item that can be watched (a weak reference): is it still held?"""
+
+
+def test_the_audit_holds_what_the_report_needs_not_every_raw_runtime(monkeypatch):
+    """Runtimes are taken a page at a time (what the rules read, and the uid): by the time the TrainJobs are
+    listed, no raw runtime object is held; the reports carry the uids and are each under the byte limit."""
+    held: list[weakref.ref] = []
+    big = "x" * 240_000
+
+    class API(FakeReportsAPI):
+        def list_cluster_custom_object(self, group, version, plural, **kw):
+            if group == reports.GROUP_REPORTS:
+                return super().list_cluster_custom_object(group, version, plural, **kw)
+            if plural == "trainjobs":
+                gc.collect()
+                assert all(r() is None for r in held), "a raw runtime is still held while TrainJobs are judged"
+                return {"items": [trainjob(name="j", namespace="team-a", runtime_name="rt-0", kind="TrainingRuntime")]}
+            if plural == "clustertrainingruntimes":
+                return {"items": []}
+            i = int(kw.get("_continue") or 0)
+            obj = runtime(f"rt-{i}", kind="TrainingRuntime", namespace="team-a")
+            obj["metadata"] = Raw(obj["metadata"], uid=f"uid-{i}", annotations={"bulk": big})
+            held.append(weakref.ref(obj["metadata"]))  # a list item is copied, its metadata shared
+            return {"items": [obj], "metadata": {"continue": str(i + 1)} if i < 8 else {}}
+
+    class Core:
+        def list_secret_for_all_namespaces(self, **kw):
+            return type("Response", (), {"data": json.dumps({"items": []})})()
+
+    api = API()
+    monkeypatch.setattr(cluster, "api_client", lambda *a, **kw: None)
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda connection=None: api)
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda connection=None: Core())
+    out, err = io.StringIO(), io.StringIO()
+    assert audit.run(Settings(), None, None, "table", 1, out, err, report=True) == 0, out.getvalue()
+    assert len(held) == 9
+    report = api.held[("team-a", reports.NAME)]
+    assert {r["resources"][0].get("uid") for r in report["results"]} == {f"uid-{i}" for i in range(9)} | {None}
+    assert reports.size(report) <= reports.MAX_REPORT_BYTES
+
+
+def test_an_unwritten_report_fails_the_audit_after_the_rest_are_written(monkeypatch):
+    """The Job fails (exit 2, whatever --exit-zero) when a report could not be written: kube-state-metrics'
+    job failure is the count an alert reads; the log names each failure."""
+    class API(FakeReportsAPI):
+        def list_cluster_custom_object(self, group, version, plural, **kw):
+            if group == reports.GROUP_REPORTS:
+                return super().list_cluster_custom_object(group, version, plural, **kw)
+            if plural == "trainingruntimes":
+                return {"items": [runtime("rt", kind="TrainingRuntime", namespace=ns) for ns in ("a", "b")]}
+            return {"items": []}
+
+    api = API(refuse={"a": ApiException(status=413, reason="Request Entity Too Large")})
+    monkeypatch.setattr(cluster, "api_client", lambda *a, **kw: None)
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda connection=None: api)
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda connection=None: None)
+    err = io.StringIO()
+    assert audit.run(Settings(), None, None, "table", 10, io.StringIO(), err, report=True) == audit.EXIT_UNWRITTEN
+    assert ("b", reports.NAME) in api.held
+    assert "audit: write a/dispatch-admission: write OpenReports: 413 Request Entity Too Large" in err.getvalue()
+    assert "audit: 1 OpenReports call(s) failed" in err.getvalue()

@@ -24,7 +24,7 @@ from typing import IO, Any
 from ..core import reports
 from ..core.admission import Admission
 from ..core.audit import CredentialSecrets, Finding, Verdict, judge_runtime, judge_trainjob
-from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, RuntimeIndex
+from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, PLURALS, TRAINJOB_KIND, VERSION, Key, RuntimeIndex
 from ..core.settings import Settings
 
 EXIT_OK, EXIT_FINDINGS = 0, 1
@@ -240,11 +240,7 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
     except Exception as e:
         raise ClusterUnreadable(f"{type(e).__name__}: {str(e)[:300]}") from None
     api: Any = client.CustomObjectsApi(connection)  # Any: the client types JSON answers as object
-    index, uids = RuntimeIndex(), {}
-    for kind in KINDS:  # a page at a time: what is kept of each runtime is what the rules read, and its uid
-        for items, _ in pages(api, kind, namespace, limit):
-            for obj in items:
-                uids[index.put(obj).key] = _uid(obj)
+    index, uids = taken_runtimes(api, namespace, limit)
     admission = Admission(settings, index)
     printed = Report(output, out)
     written = OpenReports(connection, namespace, err) if report else None
@@ -284,6 +280,17 @@ def run(settings: Settings, kubeconfig: str | None, namespace: str | None, outpu
                       " written\n")
             return EXIT_UNWRITTEN
     return code
+
+
+def taken_runtimes(api, namespace: str | None, limit: int) -> tuple[RuntimeIndex, dict[Key, str]]:
+    """The runtimes, a page at a time, as the rules read them, and each one's uid (what a report names): no raw
+    object is held past its page (a TrainingRuntime may be 1.5 MB of JSON; Runtime keeps its names and paths)."""
+    index, uids = RuntimeIndex(), {}
+    for kind in KINDS:
+        for items, _ in pages(api, kind, namespace, limit):
+            for obj in items:
+                uids[index.put(obj).key] = _uid(obj)
+    return index, uids
 
 
 def _uid(obj: dict) -> str:
