@@ -16,10 +16,10 @@ from tests.helpers import runtime, trainjob
 from webhook.commands import audit
 from webhook.commands.audit import ClusterUnreadable, OpenReports
 from webhook.core import reports
-from webhook.core.settings import Settings
-from webhook.kube import cluster
 from webhook.core.audit import Finding, Verdict
 from webhook.core.errors import ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
+from webhook.core.settings import Settings
+from webhook.kube import cluster
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 S3 = Reason(ErrInvalid, "spec.trainer.env[0].name", "'DISPATCH_X': names starting with DISPATCH_ are reserved", "S3")
