@@ -1,4 +1,5 @@
 import json
+import time
 
 import jsonschema
 import pytest
@@ -194,3 +195,72 @@ def test_load_unreadable_file(tmp_path):
     with pytest.raises(Denied) as e:
         load_settings(str(tmp_path / "missing.json"))
     assert "cannot read" in str(e.value)
+
+
+def creds(n: int, path=lambda i: f"/var/run/creds/c{i}") -> list[dict]:
+    return [{"name": f"c{i}", "secret": f"secret-{i}", "mountPath": path(i)} for i in range(n)]
+
+
+def test_credentials_past_the_bound_are_refused_naming_the_key():
+    """The Schema bounds the list (maxItems) and the parser refuses it with the key named; at the bound, taken."""
+    assert s.schema()["properties"]["credentials"]["maxItems"] == s.MAX_CREDENTIALS == 100
+    assert len(s.parse(json.dumps({"credentials": creds(s.MAX_CREDENTIALS)})).credentials) == s.MAX_CREDENTIALS
+    d = refused({"credentials": creds(s.MAX_CREDENTIALS + 1)})
+    assert [(r.field, r.text) for r in d.reasons] == [("credentials", "must hold at most 100 items, not 101")]
+
+
+def test_every_list_in_the_schema_is_bounded():
+    def lists(node):
+        if isinstance(node, dict):
+            if node.get("type") == "array":
+                yield node
+            for v in node.values():
+                yield from lists(v)
+    found = list(lists(s.schema()))
+    assert found and all(isinstance(a.get("maxItems"), int) for a in found)
+
+
+def test_five_thousand_credentials_are_checked_in_under_a_second():
+    """Comparing each pair of mount paths took 15 s for 4,000 credentials; sorted, it is n log n. Every overlap
+    is still found (here 3, among 5,000 credentials, far apart), and the count refused."""
+    paths = {4999: "/var/run/creds/c7/deeper", 3000: "/var/run/creds/c12", 2500: "//var/run/creds/c100/"}
+    doc = json.dumps({"credentials": creds(5000, lambda i: paths.get(i, f"/var/run/creds/c{i}"))})
+    started = time.perf_counter()
+    d = refused(doc)
+    took = time.perf_counter() - started
+    assert took < 1.0, took
+    assert [(r.field, r.text) for r in d.reasons] == [
+        ("credentials", "must hold at most 100 items, not 5000"),
+        ("credentials[2500].mountPath",
+         "'//var/run/creds/c100/' overlaps credentials[100].mountPath '/var/run/creds/c100'"),
+        ("credentials[3000].mountPath", "'/var/run/creds/c12' overlaps credentials[12].mountPath '/var/run/creds/c12'"),
+        ("credentials[4999].mountPath",
+         "'/var/run/creds/c7/deeper' overlaps credentials[7].mountPath '/var/run/creds/c7'")]
+
+
+def test_a_path_overlapping_thousands_is_named_a_few_times_and_counted():
+    """5,000 credentials at one path are 12.5 million pairs: OVERLAPS_NAMED are named and the rest counted, in
+    linear time."""
+    started = time.perf_counter()
+    d = refused({"credentials": creds(5000, lambda i: "/same")})
+    assert time.perf_counter() - started < 1.0
+    got = [(r.field, r.text) for r in d.reasons]
+    assert got[1:3] == [("credentials[1].mountPath", "'/same' overlaps credentials[0].mountPath '/same'"),
+                        ("credentials[2].mountPath", "'/same' overlaps credentials[0].mountPath '/same'")]
+    assert len([t for _, t in got if "' overlaps credentials[" in t]) == s.OVERLAPS_NAMED
+    assert got[-1] == ("credentials", f"{5000 * 4999 // 2 - s.OVERLAPS_NAMED} more pairs of overlapping mountPaths"
+                                      f" (the first {s.OVERLAPS_NAMED} are named)")
+
+
+@pytest.mark.parametrize("mounts,pairs", [
+    (["/a", "/a/b", "/c", "/a/b/c", "/ab"], [(1, 0), (3, 0), (3, 1)]),
+    (["/x/y", "/x", "/x/y"], [(1, 0), (2, 0), (2, 1)]),
+    (["/", "/q"], [(1, 0)]),
+    (["/a/b", "/a/c", "/a/b-c", "/a/b/../c"], [(3, 1)]),
+])
+def test_overlaps_are_named_as_each_pair_compared_would(mounts, pairs):
+    """The same reasons, in the same order, as comparing each credential with every earlier one."""
+    d = refused({"credentials": creds(len(mounts), lambda i: mounts[i])})
+    got = [(r.field, r.text) for r in d.reasons if "credentials[" in r.text]
+    assert got == [(f"credentials[{i}].mountPath",
+                    f"{mounts[i]!r} overlaps credentials[{j}].mountPath {mounts[j]!r}") for i, j in pairs]
