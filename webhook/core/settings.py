@@ -308,9 +308,6 @@ def _schema_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
             reasons.add(ErrInvalid, where, f"{_show(err.instance)} is reserved for the publish volume", RULE_SETTINGS)
         elif v == "pattern":
             reasons.add(ErrInvalid, where, _pattern_text(err.absolute_path, err.instance), RULE_SETTINGS)
-        elif v == "maxItems":
-            reasons.add(ErrInvalid, where, f"must hold at most {err.validator_value} items, not {len(err.instance)}",
-                        RULE_SETTINGS)
         elif v == "maxLength":
             reasons.add(ErrInvalid, where, f"must be at most {err.validator_value} characters", RULE_SETTINGS)
         else:  # a keyword this Schema does not use today: name it and its value
@@ -338,7 +335,7 @@ def _semantic_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
     # Only well-typed entries are compared; the Schema has already named the others.
     creds = [c if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("mountPath"), str)
              else {"name": None, "mountPath": None} for c in creds]
-    overlapping, more = _overlapping(creds)
+    overlapping, more = overlapping_mounts([c["mountPath"] for c in creds])
     seen_names: dict[str, int] = {}
     for i, cred in enumerate(creds):
         name, mount = cred["name"], cred["mountPath"]
@@ -364,12 +361,12 @@ def _semantic_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
                     f"{more} more pairs of overlapping mountPaths (the first {OVERLAPS_NAMED} are named)")
 
 
-def _overlapping(creds: list[dict[str, Any]]) -> tuple[dict[int, list[int]], int]:
-    """For credential i, the earlier ones j whose mountPath overlaps its own (at, under or above it), at most
-    OVERLAPS_NAMED pairs in all, and how many pairs more. Sorted by their paths' components, a path's descendants
-    follow it, so a walk keeping the chain of ancestors finds every pair once: O(n log n) and the pairs named,
-    where comparing each pair took 15 s for 4,000 credentials."""
-    parts = sorted((_components(c["mountPath"]), i) for i, c in enumerate(creds) if c["mountPath"] is not None)
+def overlapping_mounts(mounts: Sequence[str | None]) -> tuple[dict[int, list[int]], int]:
+    """For mount path i, the earlier ones j that overlap it (at, under or above it), at most OVERLAPS_NAMED pairs
+    in all, and how many pairs more (None: a path not to compare). Sorted by their components, a path's
+    descendants follow it, so a walk keeping the chain of ancestors finds every pair once: O(n log n) and the
+    pairs named, where comparing each pair took 15 s for 4,000 credentials."""
+    parts = sorted((_components(m), i) for i, m in enumerate(mounts) if m is not None)
     found: dict[int, list[int]] = {}
     named, more = 0, 0
     chain: list[tuple[tuple[str, ...], list[int]]] = []  # ancestors of the current path (and itself), each group
@@ -422,11 +419,21 @@ def parse(text: str | bytes) -> Settings:
         reasons.add(ErrInvalid, "(document)", f"must be a JSON object, not {_json_type(doc)}")
         reasons.raise_if_any()
     obj = cast(dict[str, Any], doc)  # a JSON object: anything else was refused above
+    _refuse_over_bounds(obj)
     _walk_strict(obj, "", reasons)
     _schema_reasons(obj, reasons)
     _semantic_reasons(obj, reasons)
     reasons.raise_if_any()
     return _build(obj)
+
+
+def _refuse_over_bounds(doc: dict[str, Any]) -> None:
+    """A list past its bound (the Schema's maxItems) is refused at once, before any of its items is checked: the
+    work done on a document stays bounded whatever its length."""
+    creds = doc.get("credentials")
+    if isinstance(creds, list) and len(creds) > MAX_CREDENTIALS:
+        raise Denied([Reason(ErrInvalid, "credentials",
+                             f"must hold at most {MAX_CREDENTIALS} items, not {len(creds)}", RULE_SETTINGS)])
 
 
 def _build(doc: dict[str, Any]) -> Settings:
