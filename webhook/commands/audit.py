@@ -1,7 +1,8 @@
 """`dispatch-admission audit` (SPEC 8.2): list the cluster's runtimes and TrainJobs in pages and judge each
 with the webhook's own rules (`core.audit`). List calls only; nothing is written.
 
-Runtimes are few and held in memory (TrainJobs are judged against them); TrainJobs are listed in pages
+Runtimes are held in memory as the rules read them (names and paths, bounded per runtime; TrainJobs are judged
+against them), never as the objects listed; TrainJobs are listed in pages
 (`limit`/`continue`) and judged as they arrive, so 50,000 of them fit in bounded memory. A progress bar
 goes to stderr when it is a terminal.
 
@@ -12,6 +13,8 @@ the right to list Secrets, audit says so on stderr and judges the rest.
 With `--report`, the findings are also written as OpenReports (`core.reports`): a `Report` named
 `dispatch-admission` in each namespace holding TrainJobs or TrainingRuntimes, a `ClusterReport` of that name for
 the ClusterTrainingRuntimes; a re-run replaces them, and removes its reports of namespaces that hold nothing now.
+Each is bounded in bytes (`core.reports`) and written on its own: a failure is logged, the rest written, and the
+audit exits 2.
 """
 
 from __future__ import annotations
