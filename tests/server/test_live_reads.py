@@ -1,6 +1,6 @@
 """Live reads on a cache miss, bounded per pod (issue 33, item 3): the keeper's answers (one read in flight per
-name, a token bucket, a cap on reads at once, what it found and missed remembered) and the worker's side over
-a real Unix socket."""
+name, a token bucket per namespace (issue 47) under the pod's ceiling, a cap on reads at once,
+what it found and missed remembered) and the worker's side over a real Unix socket."""
 
 from __future__ import annotations
 
@@ -45,6 +45,38 @@ def test_a_name_that_cannot_exist_is_missing_without_a_read():
     assert answers.answer("TrainingRuntime", "Not_A_Namespace", "ok")[0] == "missing"
     assert answers.answer("Pod", "", "ok")[0] == "missing"
     assert api.reads == []
+
+
+def test_one_namespace_emptying_its_bucket_does_not_limit_another():
+    """Issue 47: a tenant's dry-run creates naming random runtimes in its namespace empty its own bucket; another
+    namespace's live reads, and the ClusterTrainingRuntimes', go on."""
+    now = [0.0]
+    api = API(found={"new-runtime"})
+    answers = live_reads.Answers(api.get, rate=2.0, burst=3, clock=lambda: now[0])
+    ns = "TrainingRuntime"
+    flood = [answers.answer(ns, "tenant-a", f"random-{i}")[0] for i in range(50)]
+    assert flood == ["missing"] * 3 + ["limited"] * 47
+    assert answers.answer(ns, "tenant-b", "new-runtime")[0] == "found"
+    assert answers.answer(KIND, "", "new-runtime")[0] == "found"
+    assert [answers.answer(ns, "tenant-b", f"b-{i}")[0] for i in range(3)] == ["missing", "missing", "limited"]
+    assert answers.answer(ns, "tenant-a", "still-limited")[0] == "limited"
+
+
+def test_the_buckets_are_bounded_and_the_pod_keeps_a_ceiling():
+    """At most BUCKETS namespaces hold a bucket (the least recently used forgotten), and reviews spread over
+    namespaces still read the API server at most POD_SHARES times a namespace's burst at once."""
+    now = [0.0]
+    buckets = live_reads.Buckets(rate=1.0, burst=1, clock=lambda: now[0], most=3)
+    assert [buckets.take(f"ns-{i}") for i in range(5)] == [True] * 5  # a burst of 1 each, within the ceiling of 5
+    assert len(buckets) == 3
+    assert buckets.take("ns-6") is False, "the pod's ceiling (5 at once) is empty"
+    now[0] += 0.5  # the ceiling has 2.5 tokens again, each namespace's bucket half of one
+    assert buckets.take("ns-4") is False, "ns-4's own bucket is still empty"
+    assert buckets.take("ns-0") is True, "forgotten, ns-0 starts again full"
+    assert len(live_reads.Buckets(10.0, 20)._buckets) == 0 and live_reads.BUCKETS == 1000
+    answers = live_reads.Answers(API().get, rate=1.0, burst=1, clock=lambda: now[0])
+    got = [answers.answer("TrainingRuntime", f"ns-{i}", "x")[0] for i in range(live_reads.BUCKETS + 50)]
+    assert got.count("missing") == live_reads.POD_SHARES and len(answers.buckets) == live_reads.BUCKETS
 
 
 def test_over_the_rate_the_answer_is_limited_at_once():

@@ -1,4 +1,5 @@
 import json
+import time
 
 import jsonschema
 import pytest
@@ -194,3 +195,71 @@ def test_load_unreadable_file(tmp_path):
     with pytest.raises(Denied) as e:
         load_settings(str(tmp_path / "missing.json"))
     assert "cannot read" in str(e.value)
+
+
+def creds(n: int, path=lambda i: f"/var/run/creds/c{i}") -> list[dict]:
+    return [{"name": f"c{i}", "secret": f"secret-{i}", "mountPath": path(i)} for i in range(n)]
+
+
+def test_credentials_past_the_bound_are_refused_naming_the_key():
+    """The Schema bounds the list (maxItems) and the parser refuses it with the key named; at the bound, taken."""
+    assert s.schema()["properties"]["credentials"]["maxItems"] == s.MAX_CREDENTIALS == 100
+    assert len(s.parse(json.dumps({"credentials": creds(s.MAX_CREDENTIALS)})).credentials) == s.MAX_CREDENTIALS
+    d = refused({"credentials": creds(s.MAX_CREDENTIALS + 1)})
+    assert [(r.field, r.text) for r in d.reasons] == [("credentials", "must hold at most 100 items, not 101")]
+
+
+def test_every_list_in_the_schema_is_bounded():
+    def lists(node):
+        if isinstance(node, dict):
+            if node.get("type") == "array":
+                yield node
+            for v in node.values():
+                yield from lists(v)
+    found = list(lists(s.schema()))
+    assert found and all(isinstance(a.get("maxItems"), int) for a in found)
+
+
+def test_five_thousand_credentials_are_checked_in_under_a_second():
+    """Comparing each pair of mount paths took 15 s for 4,000 credentials: a settings file of 5,000 is refused
+    for its count at once, and the overlap check itself is n log n: among 5,000 paths, every overlap is found
+    (here 3, far apart), as comparing each pair would."""
+    paths = {4999: "/var/run/creds/c7/deeper", 3000: "/var/run/creds/c12", 2500: "//var/run/creds/c100/"}
+    mounts = [paths.get(i, f"/var/run/creds/c{i}") for i in range(5000)]
+    doc = json.dumps({"credentials": creds(5000, lambda i: mounts[i])})
+    started = time.perf_counter()
+    d = refused(doc)
+    assert [(r.field, r.text) for r in d.reasons] == [("credentials", "must hold at most 100 items, not 5000")]
+    assert s.overlapping_mounts(mounts) == ({2500: [100], 3000: [12], 4999: [7]}, 0)
+    took = time.perf_counter() - started
+    assert took < 1.0, took
+
+
+def test_a_path_overlapping_thousands_is_named_a_few_times_and_counted():
+    """5,000 paths at one place are 12.5 million pairs: OVERLAPS_NAMED are named and the rest counted, in
+    linear time; at the bound, the reasons say so."""
+    started = time.perf_counter()
+    found, more = s.overlapping_mounts(["/same"] * 5000)
+    assert time.perf_counter() - started < 1.0
+    assert sum(map(len, found.values())) == s.OVERLAPS_NAMED and more == 5000 * 4999 // 2 - s.OVERLAPS_NAMED
+    d = refused({"credentials": creds(s.MAX_CREDENTIALS, lambda i: "/same")})
+    got = [(r.field, r.text) for r in d.reasons]
+    assert got[:2] == [("credentials[1].mountPath", "'/same' overlaps credentials[0].mountPath '/same'"),
+                       ("credentials[2].mountPath", "'/same' overlaps credentials[0].mountPath '/same'")]
+    assert len(got) == s.OVERLAPS_NAMED + 1
+    assert got[-1] == ("credentials", f"{100 * 99 // 2 - s.OVERLAPS_NAMED} more pairs of overlapping mountPaths"
+                                      f" (the first {s.OVERLAPS_NAMED} are named)")
+
+
+@pytest.mark.parametrize("mounts,pairs", [
+    (["/a", "/a/b", "/c", "/a/b/c", "/ab"], [(1, 0), (3, 0), (3, 1)]),
+    (["/x/y", "/x", "/x/y"], [(1, 0), (2, 0), (2, 1)]),
+    (["/", "/q"], [(1, 0)]),
+    (["/a/b", "/a/c", "/a/b-c", "/a/b/../c"], [(3, 1)]),
+])
+def test_overlaps_are_named_as_each_pair_compared_would(mounts, pairs):
+    """The same reasons, in the same order, as comparing each credential with every earlier one."""
+    d = refused({"credentials": creds(len(mounts), lambda i: mounts[i])})
+    got = [(r.field, r.text) for r in d.reasons if "credentials[" in r.text]
+    assert got == [(f"credentials[{i}].mountPath",
+                    f"{mounts[i]!r} overlaps credentials[{j}].mountPath {mounts[j]!r}") for i, j in pairs]

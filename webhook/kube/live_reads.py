@@ -8,8 +8,14 @@ the pod's live reads are made in one place, the runtime keeper, which answers th
 in the store's directory and keeps, for the whole pod:
 
 - one read in flight per name (the workers asking for it at once share its answer);
-- a token bucket (`rate` a second, `burst` at once): over it, the answer is `limited` at once, and the review
-  naming that runtime alone gets ErrUnavailable (503, retryable); runtimes in the store are answered as ever;
+- a token bucket per namespace (`rate` a second, `burst` at once; the ClusterTrainingRuntimes share one of their
+  own): over it, the answer is `limited` at once, and the review naming that runtime alone gets ErrUnavailable
+  (503, retryable); runtimes in the store are answered as ever. A tenant reviewing random names in its namespace
+  empties its own bucket, never another namespace's (issue 47). At most BUCKETS namespaces have a bucket at once,
+  the least recently used forgotten first (a forgotten namespace starts again full: a tenant cycling through more
+  namespaces than that gains at most `burst` reads a namespace, and must be able to review TrainJobs there);
+  and under them one ceiling for the pod, POD_SHARES times a namespace's (50 a second, 100 at once by default),
+  so reviews spread over many namespaces still cannot read the API server without bound;
 - at most `in_flight` reads at once (each parses an object of up to the API server's limit);
 - what a read found, for FOUND_SECONDS (until the watch brings it), and a miss, for MISSING_SECONDS.
 
@@ -36,13 +42,16 @@ from ..core.runtimes import KINDS, NAMESPACED_KIND, Runtime, RuntimeUnavailable
 log = logging.getLogger(__name__)
 
 SOCKET = "live.sock"
-DEFAULT_RATE = 10.0       # live reads a second per pod (chart: runtimeCache.liveReads.perSecond)
+DEFAULT_RATE = 10.0       # live reads a second per namespace (chart: runtimeCache.liveReads.perSecond)
 DEFAULT_BURST = 20        # ... at once after a quiet spell
 IN_FLIGHT = 4             # reads of the API server at once
 CONNECTIONS = 64          # workers' requests being answered at once (more are answered `busy`)
 FOUND_SECONDS = 5.0       # a runtime a read found is answered from memory this long (the watch brings it meanwhile)
 MISSING_SECONDS = 1.0     # a confirmed miss, this long
 REMEMBERED = 10_000       # names remembered at once (found or missing), least recently used forgotten first
+BUCKETS = 1_000           # namespaces with a bucket at once (~420 bytes each with its name: 0.4 MiB), LRU first
+CLUSTER = ""              # the bucket of the ClusterTrainingRuntimes (no namespace is named "")
+POD_SHARES = 5            # the pod's ceiling, in namespaces' rates: the API server's bound whatever the names
 ASK_TIMEOUT = 6.0         # a worker waits this long for the keeper's answer (its GET: 2 s connect, 3 s read)
 MAX_REQUEST = 1024        # kind, namespace and name, with separators
 
@@ -77,6 +86,36 @@ class TokenBucket:
             return False
 
 
+class Buckets:
+    """A token bucket per namespace, at most `most` of them (least recently used forgotten first), so what is
+    held stays bounded whatever namespaces the reviews name."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic, most: int = BUCKETS):
+        self.rate, self.burst, self.clock, self.most = rate, burst, clock, most
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.ceiling = TokenBucket(rate * POD_SHARES, burst * POD_SHARES, clock)
+
+    def take(self, namespace: str) -> bool:
+        """A token of `namespace`'s bucket, then of the pod's ceiling; False (take nothing more) when either is
+        empty."""
+        return self._bucket(namespace).take() and self.ceiling.take()
+
+    def _bucket(self, namespace: str) -> TokenBucket:
+        with self._lock:
+            bucket = self._buckets.get(namespace)
+            if bucket is None:
+                bucket = self._buckets[namespace] = TokenBucket(self.rate, self.burst, self.clock)
+                while len(self._buckets) > self.most:
+                    self._buckets.popitem(last=False)
+            else:
+                self._buckets.move_to_end(namespace)
+        return bucket
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
 class _Flight:
     """One read in flight; every asker of its name waits on it."""
 
@@ -94,7 +133,7 @@ class Answers:
                  burst: int = DEFAULT_BURST, in_flight: int = IN_FLIGHT, clock: Callable[[], float] = time.monotonic,
                  count: Callable[[str], None] = lambda outcome: None):
         self.read, self.clock, self.count = read, clock, count
-        self.bucket = TokenBucket(rate, burst, clock)
+        self.buckets = Buckets(rate, burst, clock)
         self.reads = threading.BoundedSemaphore(in_flight)
         self._lock = threading.Lock()
         self._flights: dict[tuple[str, str, str], _Flight] = {}
@@ -117,7 +156,7 @@ class Answers:
             flight = self._flights.get(k)
             leader = flight is None
             if leader:
-                if not self.bucket.take():
+                if not self.buckets.take(namespace if kind == NAMESPACED_KIND else CLUSTER):
                     return "limited", b""
                 flight = self._flights[k] = _Flight()
         assert flight is not None  # this worker's, or another's it waits for
@@ -228,6 +267,7 @@ class LiveReads:
         if outcome == b"missing":
             return None
         if outcome == b"limited":
-            raise RuntimeUnavailable("this pod's live reads of the API server are over their limit")
+            where = f"namespace {namespace}" if kind == NAMESPACED_KIND else "ClusterTrainingRuntimes"
+            raise RuntimeUnavailable(f"this pod's live reads of the API server for {where} are over their limit")
         why = data.decode("utf-8", "replace") or "no answer"
         raise RuntimeUnavailable(f"the runtime keeper could not read it: {why}")
