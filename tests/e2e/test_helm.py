@@ -1086,3 +1086,31 @@ def test_the_audit_cronjob_writes_openreports_with_rights_to_nothing_else(helm, 
     assert {"apiGroups": [""], "resources": ["secrets"],
             "verbs": ["list"]} in secrets[("ClusterRole", f"{FULL}-audit")][
         "rules"]
+
+
+def notes(helm, tmp_path, values: dict) -> str:
+    """The chart's NOTES.txt as `helm install` prints it (`helm template` leaves NOTES out): a copy of the chart whose
+    NOTES text is also a named template, rendered into a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_under_test.tpl").write_text(f'{{{{- define "notes-under-test" -}}}}\n{text}'
+                                                               "\n{{- end -}}\n")
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes-under-test}\ndata:\n  notes: |\n"
+        '{{ include "notes-under-test" . | indent 4 }}\n')
+    return rendered(helm, tmp_path, values, chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+
+
+@pytest.mark.parametrize(("values", "warned"), [
+    ({}, True),
+    ({"networkPolicy": {"enabled": False}}, True),
+    ({"networkPolicy": {"apiServerCIDRs": ["10.0.0.0/8"]}}, False),
+    ({"clientCA": {"pem": PEM}}, False),
+    ({"clientCA": {"existingConfigMap": "api-server-client-ca"}}, False),
+], ids=["defaults", "no-network-policy", "cidrs", "client-ca-pem", "client-ca-configmap"])
+def test_notes_warn_while_the_webhook_port_takes_any_source(helm, tmp_path, values, warned):
+    """Issue 47: with neither apiServerCIDRs nor clientCA any pod can send the webhook reviews; the install says so."""
+    text = notes(helm, tmp_path, merged(BASE, {"publish": {"image": IMAGE}}, values))
+    assert ("WARNING: the webhook port is open to every pod in the cluster" in text) is warned, text
+    assert "is installed as" in text
