@@ -989,6 +989,37 @@ HOSTILE_SECONDS = 180   # how long the flood pod sends
 PATCHES_EVERY = 0.05    # seconds between two patches of one runtime (b)
 
 
+def test_client_certificates_close_the_webhook_port_through_the_chart(inst):
+    """Issue 47: `clientCA` set to the CA of the client certificate the API server presents to webhooks (its
+    --admission-control-config-file kubeconfig: cluster.py gives every API server of the harness one, signed by the
+    cluster CA). TrainJobs are still admitted through both pods; a client without that certificate (any pod, here
+    the host) is refused at the handshake and never reaches a review."""
+    c = inst.cluster
+    values = {**inst.values, "clientCA": {"pem": Path(c.ca_file).read_text()}}
+    inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m", values=values)
+    try:
+        pods = inst.wait_settled()
+        load = Load(c, "client-ca", workers=2, limit=20).start()
+        load.wait_creates(20)
+        figures = summarise("client-ca", load.stop())
+        assert figures["failed"] == 0 and figures["unpatched"] == 0, figures["failures"]
+        ctx = ssl.create_default_context(cafile=c.ca_file)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        for pod in pods:
+            with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+                conn = http.client.HTTPSConnection(pod_ip(pod), 8443, context=ctx, timeout=10)
+                try:
+                    conn.request("POST", "/validate", body=b"{}", headers={"Content-Type": "application/json"})
+                    conn.getresponse().read()
+                finally:
+                    conn.close()
+    finally:
+        inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m",
+                      values=inst.values)
+        inst.wait_settled()
+        delete_load(c)
+
+
 def metrics_token(inst) -> str:
     """A token allowed to get /metrics under metrics.auth: a ServiceAccount bound to <fullname>-metrics-reader."""
     c = inst.cluster
