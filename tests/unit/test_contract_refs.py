@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract.md"
 NUMBER = r"\d+(?:\.\d+)?"
 # "SPEC 5", "SPEC 6.1 to 6.3", "SPEC 5, 6.3", "SPEC 4-6", "SPEC 5 S3, R1", "SPEC R5"; "contract section(s) 2.1"
-REF = re.compile(rf"\b(?:SPEC|contract sections?) ((?:{NUMBER}|[RS]\d+)(?:(?:, | to |-| and | )(?:{NUMBER}|[RS]\d+)\b)*)")
+PART = rf"(?:{NUMBER}|[RS]\d+)"
+REF = re.compile(rf"\b(?:SPEC|contract sections?) ({PART}(?:(?:, | to |-| and | ){PART}\b)*)")
 LINKED = re.compile(rf"\[SPEC ({NUMBER})\]\(([^)#\s]*contract\.md)#([\w-]+)\)")
 OUTSIDE = ("SPEC.md", "../shared", "/work/shared")
 TEXT = (".py", ".md", ".yaml", ".yml", ".tpl", ".toml", ".txt", ".cfg", ".json", ".sh", "Makefile", "Dockerfile")
