@@ -2,7 +2,7 @@
 cluster against the node's API server like Trainer's and JobSet's controllers, with its webhook server on
 loopback and its webhook configurations (from the module's config/components) registered by URL.
 
-Facts this is built on (../shared/notes/kueue-v0.19.2.md): with internal certificate management off, the
+Facts this is built on (Kueue v0.19.2 as run here): with internal certificate management off, the
 manager reads /etc/kueue/metrics/certs/tls.crt at start even with metrics off, and exits without it; it runs
 in a private mount namespace where a read-only overlay on /etc adds that file, so the host's /etc is never
 written. The visibility server hard-codes /visibility/tls.crt: VisibilityOnDemand=false keeps it off.

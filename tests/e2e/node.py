@@ -3,7 +3,7 @@ controller manager (the Job controller), kube-proxy, and JobSet's controller, be
 plane of cluster.py. Every binary is built from a pinned Go module by toolchain.py; nothing is pulled from
 outside this machine (the sandbox image comes from the local registry of registry.py).
 
-Facts this is built on (../shared/notes/node-on-this-vm.md): this VM lacks CAP_SYS_RESOURCE, so containerd
+Facts this is built on (found on the machine the suite was first run on): this VM lacks CAP_SYS_RESOURCE, so containerd
 runs with `restrict_oom_score_adj = true`; it has cgroup v1 hierarchies, so the kubelet runs with
 `failCgroupV1: false` and the cgroupfs driver; there is no swap.
 

@@ -1,6 +1,6 @@
 """Issue 22: our webhook beside Kueue v0.19.2 (tests/e2e/kueue.py) driving Trainer v2.3.0 on the one-node cluster.
 
-Kueue writes a TrainJob through its life (../shared/notes/kueue-v0.19.2.md): on create its webhook suspends it
+Kueue writes a TrainJob through its life (docs/kueue.md): on create its webhook suspends it
 and appends its `kueue.x-k8s.io/manager` entry; on admission it fills that entry (labels, nodeSelector) and
 resumes the job; to preempt it suspends the job and empties its entry; it admits it again later. Every one of
 those writes passes through our webhooks; the proof is read from a watch of every stored version of each

@@ -2,7 +2,7 @@
 serving), called as functions.
 
 Kueue v0.19.2's writes to a TrainJob are replayed as the AdmissionReviews the API server sends (read from
-its pkg/controller/jobs/trainjob; ../shared/notes/kueue-v0.19.2.md): W1 its create webhook suspends the job
+its pkg/controller/jobs/trainjob; docs/kueue.md): W1 its create webhook suspends the job
 and appends its empty entry; W2a it fills that entry while the job is suspended; W2b it resumes the job;
 W3a it suspends a running job to preempt it; W3b it clears its entry.
 """

@@ -78,7 +78,7 @@ def _serve_flags(sub) -> None:
                    help="a client has this long to complete the TLS handshake, and to send a whole request once it"
                         " has started (default 5)")
     s.add_argument("--enforcement", choices=["enforce", "warn"], default="enforce",
-                   help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
+                   help="enforce denies; warn admits what enforce would deny, with warnings (contract section 8.1)")
     s.add_argument("--publish-repositories", metavar="REPO[,REPO...]",
                    help="the repositories the settings' publish.image may name, fixed for the server's life: settings"
                         " naming another are refused (live: the last good ones kept); empty: none (default: the"
@@ -158,10 +158,10 @@ def _review_flags(sub) -> None:
     r.add_argument("--runtime", action="append", required=True)
     r.add_argument("--validate", action="store_true", help="answer as /validate (default: /mutate)")
     r.add_argument("--runtime-warnings", action="store_true",
-                   help="answer as /runtimes: a runtime's CREATE or UPDATE, warnings only (SPEC 8.3)")
+                   help="answer as /runtimes: a runtime's CREATE or UPDATE, warnings only (contract section 8.3)")
     r.add_argument("--now", help="fix the clock (RFC 3339), for reproducible output")
     r.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
-                   help="enforce denies; warn admits what enforce would deny, with warnings (SPEC 8.1)")
+                   help="enforce denies; warn admits what enforce would deny, with warnings (contract section 8.1)")
     r.set_defaults(handler="review")
 
 
@@ -206,7 +206,7 @@ def _audit_flags(sub) -> None:
 
 def _verify_flags(sub) -> None:
     v = sub.add_parser("verify", help="prove the publish route on a live cluster: run probe TrainJobs through the"
-                       " installed webhook and report the stage each reached (SPEC 9)")
+                       " installed webhook and report the stage each reached (contract section 9)")
     v.add_argument("--runtime", metavar="KIND/NAME",
                    help="ClusterTrainingRuntime/NAME or TrainingRuntime/NAME (in --namespace); required but with"
                         " --cleanup")

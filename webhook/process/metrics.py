@@ -89,7 +89,8 @@ class Metrics:
         self.bad_requests = Counter("dispatch_admission_bad_requests_total", "Requests refused before review (4xx).",
                                     ["code"], registry=r)
         self.would_deny = Counter("dispatch_admission_would_deny_total",
-                                  "Causes the enforce mode would have denied, admitted in warn mode (SPEC 8.1).",
+                                  "Causes the enforce mode would have denied, admitted in warn mode"
+                                  " (contract section 8.1).",
                                   ["sentinel", "rule"], registry=r)
         self.client_timeouts = Counter("dispatch_admission_client_timeouts_total",
                                        "Connections closed because the client was too slow: stage is handshake, "
@@ -107,7 +108,8 @@ class Metrics:
                                              "(never above --max-body-in-flight).",
                                              multiprocess_mode="livemax", registry=r)
         self.settings_switches = Counter("dispatch_admission_settings_switches_total",
-                                         "New settings taken while serving, without a restart (SPEC 2.1).", registry=r)
+                                         "New settings taken while serving, without a restart"
+                                         " (contract section 2.1).", registry=r)
         self.api_requests = Counter("dispatch_admission_api_requests_total", "Requests to the Kubernetes API.",
                                     ["verb", "kind"], registry=r)
         self.api_errors = Counter("dispatch_admission_api_errors_total", "Failed requests to the Kubernetes API.",
@@ -226,7 +228,7 @@ class _State(Collector):
                 log.exception("judging the runtimes for the scrape")
         unfit = GaugeMetricFamily("dispatch_admission_runtimes_cannot_carry",
                                   "Runtimes in the cache that cannot carry the publish mount: TrainJobs naming them "
-                                  "are refused (SPEC 8.3).", labels=["kind"])
+                                  "are refused (contract section 8.3).", labels=["kind"])
         counts: dict[str, int] = {}
         for (kind, _, _), ok in items:
             counts[kind] = counts.get(kind, 0) + (not ok)
@@ -236,14 +238,14 @@ class _State(Collector):
         if _per_runtime[0]:
             ready = GaugeMetricFamily("dispatch_admission_runtime_ready",
                                       "1 when the runtime can carry the publish mount, 0 when TrainJobs naming it "
-                                      "are refused (SPEC 8.3).", labels=["kind", "namespace", "name"])
+                                      "are refused (contract section 8.3).", labels=["kind", "namespace", "name"])
             for (kind, namespace, name), ok in items:
                 ready.add_metric([kind, namespace, name], 1.0 if ok else 0.0)
             yield ready
         yield from _cache_families()
         yield GaugeMetricFamily("dispatch_admission_settings_valid",
                                 "0 when the latest settings could not be used and the last good ones are kept"
-                                " (SPEC 2.1), else 1.", value=1.0 if _settings_valid[0] else 0.0)
+                                " (contract section 2.1), else 1.", value=1.0 if _settings_valid[0] else 0.0)
 
 
 def _cache_gauges(state: dict, synced_of: Callable[[str], bool]) -> Iterator[Metric]:
