@@ -181,7 +181,10 @@ def _verify_cleanup(args) -> int:
 def cmd_certs(args) -> int:
     from .. import certs
 
-    written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    try:
+        written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    except OSError as e:
+        raise Unusable(f"--out {args.out}: cannot write: {(e.strerror or str(e)).lower()}") from None
     for p in written:
         print(p)
     return EXIT_OK

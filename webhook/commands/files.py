@@ -51,8 +51,17 @@ def yaml_documents(path: str) -> list:
     data = read_input(path)
     try:
         return list(yaml.safe_load_all(data.decode("utf-8")))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise InputError(f"{shown(path)}: not YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{shown(path)}: not YAML: not UTF-8 at byte {e.start}") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{shown(path)}: not YAML: {_one_line(e)}") from None
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what, and where (its own message spans four, with a caret)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what
 
 
 def read_settings(path: str) -> Settings:
