@@ -57,20 +57,27 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _meta(doc: dict) -> dict:
+    meta = doc.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 def _unjudged(path: str, n: int, doc: Any) -> Document | None:
     """The Document for what check does not judge (another kind, another apiVersion), else None."""
     if not isinstance(doc, dict):
         return Document(shown(path), n, None, None, None, None, SKIPPED,
                         message=f"not a Kubernetes object (a YAML {type(doc).__name__}), skipped")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    base = dict(file=shown(path), index=n, api_version=_text(doc.get("apiVersion")), kind=_text(doc.get("kind")),
-                name=_text(meta.get("name")), namespace=_text(meta.get("namespace")))
-    if base["kind"] != TRAINJOB_KIND:
-        return Document(**base, verdict=SKIPPED, message="not a TrainJob, skipped")
-    if base["api_version"] != SERVED:
-        given = f"apiVersion {base['api_version']} is not served" if base["api_version"] else "no apiVersion"
-        return Document(**base, verdict=NOT_SERVED, message=f"{given}: the webhook judges TrainJobs of {SERVED}")
-    return None
+    meta = _meta(doc)
+    api_version, kind = _text(doc.get("apiVersion")), _text(doc.get("kind"))
+    d = Document(shown(path), n, api_version, kind, _text(meta.get("name")), _text(meta.get("namespace")), SKIPPED)
+    if kind != TRAINJOB_KIND:
+        d.message = "not a TrainJob, skipped"
+    elif api_version != SERVED:
+        given = f"apiVersion {api_version} is not served" if api_version else "no apiVersion"
+        d.verdict, d.message = NOT_SERVED, f"{given}: the webhook judges TrainJobs of {SERVED}"
+    else:
+        return None
+    return d
 
 
 def _reason(r) -> dict:
@@ -92,7 +99,7 @@ def judge(admission: Admission, path: str) -> list[Document]:
 
 
 def _judged(admission: Admission, path: str, n: int, doc: dict) -> Document:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = _meta(doc)
     result = api.check_with(admission, doc, uid=f"{shown(path)}#{n}")
     d = Document(shown(path), n, SERVED, TRAINJOB_KIND, _text(meta.get("name")), _text(meta.get("namespace")),
                  ADMITTED if result.allowed else DENIED, warnings=list(result.warnings))

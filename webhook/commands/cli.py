@@ -8,9 +8,6 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
-from .. import api
 from ..core import settings as settings_mod
 from ..core.admission import Admission, BadReview, Enforcement, Verb
 from ..core.errors import Denied

@@ -229,8 +229,9 @@ def _verify_flags(sub) -> None:
                         " --cleanup")
     v.add_argument("--namespace", help="where the probes go (default: the kubeconfig context's, else default)")
     v.add_argument("--kubeconfig", metavar="FILE", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
-    v.add_argument("--settings", metavar="FILE", help="the webhook's settings: the stored entry and pod template are checked"
-                   " against them (default: its manager is the default one, and the entry is read as it is)")
+    v.add_argument("--settings", metavar="FILE",
+                   help="the webhook's settings: the stored entry and pod template are checked against them"
+                        " (default: its manager is the default one, and the entry is read as it is)")
     v.add_argument("--per-node", action="store_true", help="one probe per schedulable node, each pinned to it")
     v.add_argument("--max-probes", type=positive(int), default=MAX_PROBES, metavar="N",
                    help=f"refuse (exit 2) a run that would make more probes than this (default {MAX_PROBES}): each"
