@@ -118,7 +118,7 @@ def test_check_exits_2_on_unusable_files(tmp_path):
         assert got.returncode == 2 and says in got.stderr and got.stderr.count("\n") == 1, (argv, got.stderr)
 
 
-def test_dash_is_stdin_wherever_a_file_is_taken():
+def test_dash_is_stdin_wherever_a_file_is_taken(tmp_path):
     runtime = (EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text()
     settings = (EXAMPLES / "settings" / "route1.json").read_text()
     assert "stdin: TrainJob train-torch admitted" in cli("check", "--settings", ROUTE1, *runtime_args(), "-",
@@ -129,6 +129,12 @@ def test_dash_is_stdin_wherever_a_file_is_taken():
     assert cli("settings", "check", "-", stdin="{").returncode == 1
     got = cli("review", "--settings", "-", *runtime_args(), stdin=json.dumps(review(trainjob())))
     assert got.returncode == 2 and "stdin ('-') is named more than once" in got.stderr
+    file = tmp_path / "review.json"
+    file.write_text(json.dumps(review(trainjob())))
+    got = cli("review", "--settings", "-", *runtime_args(), str(file), stdin=settings)
+    assert got.returncode == 0 and json.loads(got.stdout)["response"]["uid"] == "uid-1", got.stderr
+    got = cli("review", "--settings", ROUTE1, *runtime_args(), str(tmp_path / "missing.json"))
+    assert got.returncode == 2 and got.stderr.endswith(f"{tmp_path}/missing.json: no such file\n")
 
 
 def test_review_exits_0_allowed_or_denied():

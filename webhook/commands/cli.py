@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core import settings as settings_mod
 from ..core.admission import Admission, BadReview, Enforcement, Verb
 from ..core.errors import Denied
-from .files import STDIN, InputError, RuntimeFileError, load_runtimes, read_settings, shown
+from .files import STDIN, InputError, RuntimeFileError, load_runtimes, read_input, read_settings, shown
 from .flags import parser
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
@@ -61,16 +61,19 @@ def _admission(args, *more: str) -> Admission:
 
 
 def cmd_review(args) -> int:
-    admission = _admission(args, STDIN)  # the AdmissionReview is on stdin
+    admission = _admission(args, args.review)
+    source = shown(args.review)
     try:
-        doc = json.loads(sys.stdin.buffer.read())
+        doc = json.loads(read_input(args.review))
+    except InputError as e:
+        raise Unusable(str(e)) from None
     except (ValueError, RecursionError) as e:
-        raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
+        raise Unusable(f"{source} is not a JSON AdmissionReview: {e}") from None
     try:
         verb = Verb.RUNTIMES if args.runtime_warnings else Verb.VALIDATE if args.validate else Verb.MUTATE
         response, _ = admission.review(doc, verb)
     except BadReview as e:
-        raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
+        raise Unusable(f"{source} is not a usable AdmissionReview: {e}") from None
     json.dump(response, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return EXIT_OK

@@ -12,6 +12,7 @@ from .. import __version__
 from ..certs.context import DEFAULT_CIPHERS
 from ..core.admission import PREVIOUS_SETTINGS_GRACE, Enforcement
 from ..core.verify_cleanup import MAX_PROBES
+from .files import STDIN
 
 
 def positive(kind: type):
@@ -161,8 +162,10 @@ def _offline_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def _review_flags(sub) -> None:
-    r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
+    r = sub.add_parser("review", help="answer one AdmissionReview (stdin, or FILE) as /mutate (or /validate) would")
     _offline_inputs(r)
+    r.add_argument("review", nargs="?", default=STDIN, metavar="FILE",
+                   help="the AdmissionReview JSON (default: -, stdin)")
     r.add_argument("--validate", action="store_true", help="answer as /validate (default: /mutate)")
     r.add_argument("--runtime-warnings", action="store_true",
                    help="answer as /runtimes: a runtime's CREATE or UPDATE, warnings only (SPEC 8.3)")
