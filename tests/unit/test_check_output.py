@@ -94,3 +94,19 @@ def test_junit_xsd_refuses_what_ci_systems_cannot_read():
     assert not JUNIT_XSD.is_valid('<testsuites><testsuite name="a" tests="1"><testcase/></testsuite></testsuites>')
     assert not JUNIT_XSD.is_valid('<testsuites><testsuite name="a" tests="1"><testcase name="x"><system-out/>'
                                   '<failure/></testcase></testsuite></testsuites>')
+
+
+@pytest.mark.parametrize("output", ["json", "junit"])
+def test_the_outputs_docs_cli_md_shows_are_the_programs(output):
+    """docs/cli.md shows each output of one run: the page holds what the program prints, byte for byte."""
+    import re
+
+    page = (ROOT / "docs" / "cli.md").read_text()
+    [shown] = re.findall(rf"--output {output} examples/trainjobs/refused-s3-dispatch-env.yaml\n(.*?)```", page, re.S)
+    got = cli("check", "--settings", ROUTE1, "--runtime", str(EXAMPLES / "runtimes" / "torch-distributed.yaml"),
+              "--output", output, "examples/trainjobs/refused-s3-dispatch-env.yaml", cwd=ROOT)
+    assert got.stdout == shown
+    if output == "json":
+        jsonschema.validate(json.loads(shown), SCHEMA)
+    else:
+        JUNIT_XSD.validate(shown)
