@@ -13,7 +13,7 @@ JOBS ?= 4
 XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadgroup)
 
 .PHONY: install run test test-extra test-compat unit e2e toolchain toolchain-extra wrk bench bench-cluster bench-kyverno \
-	sweep clean lock docs lint demo \
+	sweep clean lock docs lint demo dist \
 	docs-check serve-docs
 
 # uv resolves and installs the package and its extras (10 s from its cache, where pip took 43 s); pip only
@@ -132,6 +132,12 @@ sweep: install
 
 bench: install wrk
 	$(PY) bench/admission.py
+
+# The wheel and the sdist, in dist/: `uv tool install dist/dispatch_admission-*.whl` (or `pipx install` of it) puts
+# the dispatch-admission command on PATH alone, as docs/ci.md says.
+dist: install
+	rm -rf dist
+	$(VENV)/bin/uv build --quiet --out-dir dist
 
 clean:
 	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -280,8 +280,8 @@ def metrics_page() -> str:
 def _option_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]:
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
-            continue
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue  # a suppressed flag (keep --parent) is for the program, not for people
         if action.option_strings:
             names = ", ".join(f"`{o}`" for o in action.option_strings)
         else:
@@ -321,8 +321,8 @@ def cli_page() -> str:
 
     root = flags.parser()
     out = [HEADER.format(source="webhook/commands/flags.py"), "# Command-line reference\n\n",
-           f"`{root.prog}`: {root.description} `python -m webhook` is the same. Every command exits 2 when its "
-           "input or settings are unusable.\n\n"]
+           f"`{root.prog}`: {root.description} `python -m webhook` is the same. What each command's exit codes "
+           "mean, how `-` reads stdin, and `check`'s JSON and JUnit outputs: [The command line](../cli.md).\n\n"]
     for name, help_text, sub in [(root.prog, "", root)] + _commands(root, root.prog):
         rows = _option_rows(sub)
         has_sub = any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)

@@ -16,10 +16,10 @@ ROUTE1 = str(EXAMPLES / "settings" / "route1.json")
 ROUTE2 = str(EXAMPLES / "settings" / "route2.json")
 
 
-def cli(*args, stdin=None):
+def cli(*args, stdin=None, cwd=None):
     exe = shutil.which("dispatch-admission", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "webhook"]
-    return subprocess.run(cmd + list(args), input=stdin, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd + list(args), input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def runtime_args():

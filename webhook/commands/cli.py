@@ -8,16 +8,14 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
-from .. import api
 from ..core import settings as settings_mod
 from ..core.admission import Admission, BadReview, Enforcement, Verb
 from ..core.errors import Denied
-from .files import RuntimeFileError, load_runtimes, load_settings
+from .files import STDIN, InputError, RuntimeFileError, load_runtimes, read_input, read_settings, shown
 from .flags import parser
 
 EXIT_OK, EXIT_DENIED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_INTERRUPTED, EXIT_PIPE = 130, 141  # 128 + SIGINT, 128 + SIGPIPE: what a shell shows for either signal
 
 
 class Unusable(Exception):
@@ -38,12 +36,21 @@ def _now(text: str | None):
 
 def _settings(path: str):
     try:
-        return load_settings(path)
+        return read_settings(path)
+    except InputError as e:
+        raise Unusable(f"--settings {e}") from None
     except Denied as e:
-        raise Unusable(f"settings {path}: {e}") from None
+        raise Unusable(f"settings {shown(path)}: {e}") from None
 
 
-def _admission(args) -> Admission:
+def _one_stdin(*files: str) -> None:
+    """`-` is stdin, which can be read once: refuse it named twice (or where the command reads stdin itself)."""
+    if files.count(STDIN) > 1:
+        raise Unusable("stdin ('-') is named more than once: it can be read once")
+
+
+def _admission(args, *more: str) -> Admission:
+    _one_stdin(args.settings, *(args.runtime or []), *more)
     s = _settings(args.settings)
     try:
         runtimes = load_runtimes(args.runtime or [])
@@ -54,62 +61,55 @@ def _admission(args) -> Admission:
 
 
 def cmd_review(args) -> int:
-    admission = _admission(args)
+    admission = _admission(args, args.review)
+    source = shown(args.review)
     try:
-        doc = json.loads(sys.stdin.buffer.read())
+        doc = json.loads(read_input(args.review))
+    except InputError as e:
+        raise Unusable(str(e)) from None
     except (ValueError, RecursionError) as e:
-        raise Unusable(f"stdin is not a JSON AdmissionReview: {e}") from None
+        raise Unusable(f"{source} is not a JSON AdmissionReview: {e}") from None
     try:
         verb = Verb.RUNTIMES if args.runtime_warnings else Verb.VALIDATE if args.validate else Verb.MUTATE
         response, _ = admission.review(doc, verb)
     except BadReview as e:
-        raise Unusable(f"stdin is not a usable AdmissionReview: {e}") from None
+        raise Unusable(f"{source} is not a usable AdmissionReview: {e}") from None
     json.dump(response, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return EXIT_OK
 
 
 def cmd_check(args) -> int:
-    admission = _admission(args)
-    denied = False
+    from . import check
+
+    admission = _admission(args, *args.manifests)
+    documents = []
     for path in args.manifests:
         try:
-            with open(path, encoding="utf-8") as f:
-                docs = [d for d in yaml.safe_load_all(f) if d is not None]
-        except OSError as e:
-            raise Unusable(f"{path}: cannot read: {e.strerror}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise Unusable(f"{path}: not YAML: {e}") from None
-        for n, doc in enumerate(docs, 1):
-            if not isinstance(doc, dict) or doc.get("kind") != "TrainJob":
-                print(f"# {path} document {n}: not a TrainJob, skipped", file=sys.stderr)
-                continue
-            name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
-            result = api.check_with(admission, doc, uid=f"{path}#{n}")
-            for w in result.warnings:
-                print(f"warning: {path}: TrainJob {name}: {w}", file=sys.stderr)
-            if not result.allowed:
-                denied = True
-                st = result.status
-                assert st is not None  # a denial carries its Status
-                print(f"# {path}: TrainJob {name} denied ({st['code']} {st['reason']})")
-                print(st["message"])
-                for cause in st["details"]["causes"]:
-                    print(f"  * {cause['field']}: {cause['message']}")
-            else:
-                print(f"# {path}: TrainJob {name} admitted")
-                print("---")
-                sys.stdout.write(yaml.safe_dump(result.trainjob, sort_keys=False))
-    return EXIT_DENIED if denied else EXIT_OK
+            documents += check.judge(admission, path)
+        except InputError as e:
+            raise Unusable(str(e)) from None
+    code, why = check.outcome(documents)
+    if args.output == "json":
+        check.write_json(documents, args.enforcement, sys.stdout)
+    elif args.output == "junit":
+        sys.stdout.write(check.junit(documents))
+    else:
+        check.write_text(documents, sys.stdout, sys.stderr)
+    if why:
+        print(f"dispatch-admission check: {why}", file=sys.stderr)
+    return code
 
 
 def cmd_settings_check(args) -> int:
     try:
-        load_settings(args.file)
-    except Denied as e:
+        read_settings(args.file)
+    except InputError as e:
+        raise Unusable(str(e)) from None
+    except Denied as e:  # SPEC 7: invalid settings exit 1, with the ErrInvalid message
         print(str(e), file=sys.stderr)
         return EXIT_DENIED
-    print(f"{args.file}: valid")
+    print(f"{shown(args.file)}: valid")
     return EXIT_OK
 
 
@@ -119,9 +119,17 @@ def cmd_settings_schema(args) -> int:
     return EXIT_OK
 
 
+def _kubeconfig(path: str | None) -> None:
+    """A --kubeconfig that is not there, named as such before any call (the client says only "Invalid kube-config
+    file. No configuration found.")."""
+    if path is not None and not os.path.isfile(path):
+        raise Unusable(f"--kubeconfig {path}: " + ("is not a file" if os.path.exists(path) else "no such file"))
+
+
 def cmd_audit(args) -> int:
     from . import audit
 
+    _kubeconfig(args.kubeconfig)
     s = _settings(args.settings)
     try:
         code = audit.run(s, args.kubeconfig, args.namespace, args.output, args.page_size, sys.stdout, sys.stderr,
@@ -140,6 +148,7 @@ def cmd_verify(args) -> int:
         raise Unusable("--all-namespaces goes with --cleanup only (the probes of one run go in one namespace)")
     if not args.runtime:
         raise Unusable("--runtime KIND/NAME is required (or --cleanup, to remove the probes earlier runs left)")
+    _kubeconfig(args.kubeconfig)
     s = _settings(args.settings) if args.settings else None
     try:
         opts = verify.Options(
@@ -147,7 +156,7 @@ def cmd_verify(args) -> int:
             per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
             labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output,
             max_probes=args.max_probes)
-        verify.parse_runtime(args.runtime)
+        verify.check_arguments(opts)
         return verify.run(opts, sys.stdout, sys.stderr)
     except verify.Unusable as e:
         raise Unusable(str(e)) from None
@@ -160,6 +169,7 @@ def _verify_cleanup(args) -> int:
         raise Unusable("--cleanup makes no probe: leave out --runtime")
     if args.all_namespaces and args.namespace:
         raise Unusable("--cleanup: --namespace or --all-namespaces, not both")
+    _kubeconfig(args.kubeconfig)
     opts = verify_cleanup.Options(namespace=args.namespace, all_namespaces=args.all_namespaces,
                                   kubeconfig=args.kubeconfig, output=args.output)
     try:
@@ -171,7 +181,10 @@ def _verify_cleanup(args) -> int:
 def cmd_certs(args) -> int:
     from .. import certs
 
-    written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    try:
+        written = certs.write_dev_pair(Path(args.out), certs.service_names(args.service, args.namespace), force=True)
+    except OSError as e:
+        raise Unusable(f"--out {args.out}: cannot write: {(e.strerror or str(e)).lower()}") from None
     for p in written:
         print(p)
     return EXIT_OK
@@ -261,13 +274,26 @@ HANDLERS = {"serve": cmd_serve, "keep": cmd_keep, "certificates": cmd_certificat
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # The reader went away (`settings schema | head`): stop quietly, as a command SIGPIPE stops. Python
+        # flushes stdout again at exit, which would fail the same way: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     p = parser()
     try:
         args = p.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, which is our "unusable input" too
+        sys.stdout.flush()  # --help: a closed pipe shows here, inside main
         return int(e.code or 0)
     try:
-        return HANDLERS[args.handler](args)
+        code = HANDLERS[args.handler](args)
+        sys.stdout.flush()
+        return code
     except Unusable as e:
         print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -275,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dispatch-admission {args.command}: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
-"""Files: settings and runtimes read from disk, for `serve --settings/--runtime` and the offline commands."""
+"""Files: settings and runtimes read from disk, for `serve --settings/--runtime` and the offline commands.
+
+The offline commands (check, review, settings check) take `-` for stdin wherever they take a file, so a
+pipeline can feed them (`kustomize build | dispatch-admission check ... -`).
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import yaml
@@ -10,13 +15,62 @@ from ..core.errors import Denied
 from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, RuntimeIndex
 from ..core.settings import Settings, doc_reason, parse
 
+STDIN = "-"
+
+
+class InputError(ValueError):
+    """A file named on the command line that cannot be read: missing, a directory, no permission."""
+
 
 class RuntimeFileError(ValueError):
     """A runtime file that cannot be used: unreadable, not YAML, or not a runtime."""
 
 
+def shown(path: str) -> str:
+    """How a file argument is named in messages (`-` is stdin)."""
+    return "stdin" if path == STDIN else path
+
+
+def read_input(path: str) -> bytes:
+    """The bytes of a file argument, or of stdin for `-`; InputError names the file and why it can't be read."""
+    if path == STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {(e.strerror or str(e)).lower()}") from None
+
+
+def yaml_documents(path: str) -> list:
+    """Every YAML document of a file argument (empty ones as None); InputError when unreadable or not YAML."""
+    data = read_input(path)
+    try:
+        return list(yaml.safe_load_all(data.decode("utf-8")))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{shown(path)}: not YAML: not UTF-8 at byte {e.start}") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{shown(path)}: not YAML: {_one_line(e)}") from None
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what, and where (its own message spans four, with a caret)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what
+
+
+def read_settings(path: str) -> Settings:
+    """Settings from a file argument (`-`: stdin): InputError when unreadable, Denied (ErrInvalid) when invalid."""
+    return parse(read_input(path))
+
+
 def load_settings(path: str) -> Settings:
-    """Read and parse a settings file; an unreadable file is ErrInvalid too."""
+    """Read and parse a settings file; an unreadable file is ErrInvalid too (serve: the settings it follows)."""
     try:
         with open(path, "rb") as f:
             text = f.read()
@@ -26,20 +80,18 @@ def load_settings(path: str) -> Settings:
 
 
 def load_runtimes(paths: Iterable[str]) -> RuntimeIndex:
-    """Runtimes from YAML files, each holding one or more ClusterTrainingRuntime or TrainingRuntime documents."""
+    """Runtimes from YAML files (`-`: stdin), each holding one or more ClusterTrainingRuntime or TrainingRuntime
+    documents."""
     found: list[dict] = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                docs = list(yaml.safe_load_all(f))
-        except OSError as e:
-            raise RuntimeFileError(f"{path}: cannot read: {e.strerror}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise RuntimeFileError(f"{path}: not YAML: {e}") from None
+            docs = yaml_documents(path)
+        except InputError as e:
+            raise RuntimeFileError(str(e)) from None
         for i, doc in enumerate(docs):
             if doc is None:
                 continue
-            found.append(_check_runtime(doc, f"{path} document {i + 1}"))
+            found.append(_check_runtime(doc, f"{shown(path)} document {i + 1}"))
     return RuntimeIndex(found)
 
 

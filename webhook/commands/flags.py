@@ -12,6 +12,7 @@ from .. import __version__
 from ..certs.context import DEFAULT_CIPHERS
 from ..core.admission import PREVIOUS_SETTINGS_GRACE, Enforcement
 from ..core.verify_cleanup import MAX_PROBES
+from .files import STDIN
 
 
 def positive(kind: type):
@@ -131,7 +132,8 @@ def _keep_flags(sub) -> None:
     k.add_argument("--fresh", action="store_true", help="empty the store first (default: keep what it holds, which"
                                                         " the workers answer from until the keeper has listed again)")
     k.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # serve's pid: die with it
-    k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="info logs the lists and watches; warning and above only problems")
     k.set_defaults(handler="keep")
 
 
@@ -152,10 +154,19 @@ def _certificates_flags(sub) -> None:
     k.set_defaults(handler="certificates")
 
 
+def _offline_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--settings", required=True, metavar="FILE",
+                   help="the webhook's settings JSON (`settings check` validates it), or - for stdin")
+    p.add_argument("--runtime", action="append", required=True, metavar="FILE",
+                   help="YAML file of the ClusterTrainingRuntimes and TrainingRuntimes the TrainJobs may name"
+                        " (several documents allowed), or - for stdin; repeatable")
+
+
 def _review_flags(sub) -> None:
-    r = sub.add_parser("review", help="answer one AdmissionReview from stdin, as /mutate (or /validate) would")
-    r.add_argument("--settings", required=True)
-    r.add_argument("--runtime", action="append", required=True)
+    r = sub.add_parser("review", help="answer one AdmissionReview (stdin, or FILE) as /mutate (or /validate) would")
+    _offline_inputs(r)
+    r.add_argument("review", nargs="?", default=STDIN, metavar="FILE",
+                   help="the AdmissionReview JSON (default: -, stdin)")
     r.add_argument("--validate", action="store_true", help="answer as /validate (default: /mutate)")
     r.add_argument("--runtime-warnings", action="store_true",
                    help="answer as /runtimes: a runtime's CREATE or UPDATE, warnings only (contract section 8.3)")
@@ -166,21 +177,27 @@ def _review_flags(sub) -> None:
 
 
 def _check_flags(sub) -> None:
-    c = sub.add_parser("check", help="mutate and validate TrainJob manifests offline")
-    c.add_argument("--settings", required=True)
-    c.add_argument("--runtime", action="append", required=True)
-    c.add_argument("--now", help="fix the clock (RFC 3339)")
+    c = sub.add_parser("check", help="mutate and validate TrainJob manifests offline, as the webhook would answer"
+                       " them: exit 0 all admitted, 1 any denied, 2 unusable input or nothing judged")
+    _offline_inputs(c)
+    c.add_argument("--now", help="fix the clock (RFC 3339), for reproducible output")
     c.add_argument("--enforcement", choices=[e.value for e in Enforcement], default="enforce",
                    help="warn: report what enforce would deny as warnings, and exit 0")
-    c.add_argument("manifests", nargs="+")
+    c.add_argument("--output", choices=["text", "json", "junit"], default="text",
+                   help="text: the mutated TrainJob or the denial; json: the dispatch-admission/check/v1 report"
+                        " (docs/cli.md); junit: JUnit XML, a testcase per TrainJob, a failure per denial")
+    c.add_argument("manifests", nargs="+", metavar="MANIFEST",
+                   help="YAML file of TrainJobs (several documents allowed; other kinds are skipped), or - for"
+                        " stdin; only TrainJobs of trainer.kubeflow.org/v1alpha1 are judged")
     c.set_defaults(handler="check")
 
 
 def _settings_flags(sub) -> None:
     st = sub.add_parser("settings", help="check a settings file or print the settings JSON Schema")
     stsub = st.add_subparsers(dest="settings_command", required=True)
-    sc = stsub.add_parser("check", help="exit 0 when FILE is valid settings, 1 with the ErrInvalid message")
-    sc.add_argument("file")
+    sc = stsub.add_parser("check", help="exit 0 when FILE is valid settings, 1 with the ErrInvalid message, 2 when"
+                          " FILE cannot be read")
+    sc.add_argument("file", metavar="FILE", help="the settings JSON file, or - for stdin")
     sc.set_defaults(handler="settings_check")
     ss = stsub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the settings")
     ss.set_defaults(handler="settings_schema")
@@ -189,11 +206,15 @@ def _settings_flags(sub) -> None:
 def _audit_flags(sub) -> None:
     a = sub.add_parser("audit", help="judge the cluster's runtimes and TrainJobs with the webhook's rules (read only,"
                                      " but for the OpenReports --report writes)")
-    a.add_argument("--settings", required=True)
-    a.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
+    a.add_argument("--settings", required=True, metavar="FILE",
+                   help="the webhook's settings JSON the objects are judged against, or - for stdin")
+    a.add_argument("--kubeconfig", metavar="FILE", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
     a.add_argument("--namespace", help="only TrainingRuntimes and TrainJobs of this namespace")
-    a.add_argument("--output", choices=["table", "json"], default="table")
-    a.add_argument("--page-size", type=int, default=500, help="objects per list call (limit/continue)")
+    a.add_argument("--output", choices=["table", "json"], default="table",
+                   help="table: one line per object not ok, then a count per verdict; json: one object per judged"
+                        " object (SPEC 8.2)")
+    a.add_argument("--page-size", type=positive(int), default=500, metavar="N",
+                   help="objects per list call (limit/continue)")
     a.add_argument("--report", action="store_true",
                    help="also write the findings as OpenReports (openreports.io/v1alpha1): a Report per namespace, a"
                         " ClusterReport for the ClusterTrainingRuntimes, replaced at each run (their CRDs must be"
@@ -211,9 +232,10 @@ def _verify_flags(sub) -> None:
                    help="ClusterTrainingRuntime/NAME or TrainingRuntime/NAME (in --namespace); required but with"
                         " --cleanup")
     v.add_argument("--namespace", help="where the probes go (default: the kubeconfig context's, else default)")
-    v.add_argument("--kubeconfig", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
-    v.add_argument("--settings", help="the webhook's settings: the stored entry and pod template are checked"
-                   " against them (default: its manager is the default one, and the entry is read as it is)")
+    v.add_argument("--kubeconfig", metavar="FILE", help="default: KUBECONFIG, then ~/.kube/config, then in-cluster")
+    v.add_argument("--settings", metavar="FILE",
+                   help="the webhook's settings: the stored entry and pod template are checked against them"
+                        " (default: its manager is the default one, and the entry is read as it is)")
     v.add_argument("--per-node", action="store_true", help="one probe per schedulable node, each pinned to it")
     v.add_argument("--max-probes", type=positive(int), default=MAX_PROBES, metavar="N",
                    help=f"refuse (exit 2) a run that would make more probes than this (default {MAX_PROBES}): each"
@@ -221,14 +243,15 @@ def _verify_flags(sub) -> None:
     v.add_argument("--image", help="the trainer image (default: the runtime's)")
     v.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a label on the probes (repeatable), such as kueue.x-k8s.io/queue-name=QUEUE")
-    v.add_argument("--timeout", type=float, default=300, metavar="SECONDS",
+    v.add_argument("--timeout", type=positive(float), default=300, metavar="SECONDS",
                    help="how long a probe may take to run (default 300)")
     v.add_argument("--keep", action="store_true", help="leave the probes in the cluster (default: deleted); a kept"
                    " probe expires an hour after the run, then --cleanup or the next verify removes it")
     v.add_argument("--cleanup", action="store_true", help="make no probe: remove the probes earlier runs left in"
                    " --namespace that have expired (each carries its expiry), then exit")
     v.add_argument("--all-namespaces", action="store_true", help="with --cleanup: in every namespace")
-    v.add_argument("--output", choices=["table", "json"], default="table")
+    v.add_argument("--output", choices=["table", "json"], default="table",
+                   help="table: one line per probe, then a verdict; json: one object per probe with its stages")
     v.add_argument("--command", dest="probe_command", nargs=argparse.REMAINDER, metavar="ARG",
                    help="the trainer command, in place of /opt/dispatch/publish --help (last: it takes every"
                         " argument after it)")
@@ -237,9 +260,11 @@ def _verify_flags(sub) -> None:
 
 def _certs_flags(sub) -> None:
     ce = sub.add_parser("certs", help="write a CA and a serving certificate for the webhook Service")
-    ce.add_argument("--service", required=True)
-    ce.add_argument("--namespace", required=True)
-    ce.add_argument("--out", required=True)
+    ce.add_argument("--service", required=True, metavar="NAME", help="the webhook Service's name")
+    ce.add_argument("--namespace", required=True, metavar="NS", help="the webhook Service's namespace")
+    ce.add_argument("--out", required=True, metavar="DIR",
+                    help="where ca.crt, ca.key, tls.crt and tls.key are written (made if absent; existing ones"
+                         " replaced)")
     ce.set_defaults(handler="certs")
 
 

@@ -82,6 +82,21 @@ def parse_runtime(text: str) -> tuple[str, str]:
     return kind, name
 
 
+def check_arguments(opts: Options) -> None:
+    """What the arguments alone show is wrong, said before any call to the cluster."""
+    import re
+
+    from ..core.settings import DNS1123_LABEL, DNS1123_SUBDOMAIN
+
+    _, name = parse_runtime(opts.runtime)
+    if len(name) > 253 or not re.match(DNS1123_SUBDOMAIN, name):
+        raise Unusable(f"--runtime {opts.runtime!r}: {name!r} is not a Kubernetes object name (lower-case letters,"
+                       " digits, '-' and '.', at most 253)")
+    if opts.namespace is not None and (len(opts.namespace) > 63 or not re.match(DNS1123_LABEL, opts.namespace)):
+        raise Unusable(f"--namespace {opts.namespace!r} is not a namespace name (lower-case letters, digits and '-',"
+                       " at most 63)")
+
+
 def parse_labels(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
