@@ -212,7 +212,7 @@ def _audit_flags(sub) -> None:
     a.add_argument("--namespace", help="only TrainingRuntimes and TrainJobs of this namespace")
     a.add_argument("--output", choices=["table", "json"], default="table",
                    help="table: one line per object not ok, then a count per verdict; json: one object per judged"
-                        " object (SPEC 8.2)")
+                        " object (contract section 8.2)")
     a.add_argument("--page-size", type=positive(int), default=500, metavar="N",
                    help="objects per list call (limit/continue)")
     a.add_argument("--report", action="store_true",
