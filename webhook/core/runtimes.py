@@ -78,14 +78,16 @@ class Job:
 
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
-# share their jobs instead of holding a copy each.
-_JOBS: weakref.WeakValueDictionary[Job, Job] = weakref.WeakValueDictionary()
+# share their jobs instead of holding a copy each. Keyed by a tuple of the job's fields, not the job: a key is
+# held strongly, so a job as its own key was never freed (a relist of 1,500 distinct runtimes kept them all).
+_JOBS: weakref.WeakValueDictionary[tuple[object, ...], Job] = weakref.WeakValueDictionary()
 _JOBS_LOCK = threading.Lock()
 
 
 def _interned(job: Job) -> Job:
+    fields = (job.name, job.containers, job.init_containers, job.volumes, job.publish_mounts, job.node_mounts)
     with _JOBS_LOCK:
-        return _JOBS.setdefault(job, job)
+        return _JOBS.setdefault(fields, job)
 
 
 class _TooLarge(Exception):

@@ -147,18 +147,17 @@ class StoreWriter:
     def put(self, obj) -> Runtime:
         runtime = Runtime.of(obj)
         kind, share = runtime.kind, self._shares[runtime.kind]
-        with self._lock:
-            held = dict(share.held)
-            try:
-                with self.env.begin(write=True) as txn:
-                    k = _stored_key(runtime.key, self._generation(txn, kind))
-                    old = txn.get(k)
-                    value = share.value(runtime, k, 0 if old is None else len(k) + len(old))
-                    txn.put(k, value)
-            except lmdb.MapFullError:
-                share.held = held
-                self._full_put(runtime.key)
-                return runtime
+        held = dict(share.held)
+        try:
+            with self._lock, self.env.begin(write=True) as txn:
+                k = _stored_key(runtime.key, self._generation(txn, kind))
+                old = txn.get(k)
+                value = share.value(runtime, k, 0 if old is None else len(k) + len(old))
+                txn.put(k, value)
+        except lmdb.MapFullError:
+            share.held = held
+            self._full_put(runtime.key)
+            return runtime
         if old is None:
             self._counts[kind] = self._counts.get(kind, 0) + 1
         self._count_share(kind, (old is not None and over_share(old), over_share(value)))
