@@ -121,7 +121,7 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     stats.error("list/watch", KIND)
     stats.live_read("limited")
     state = stats.snapshot()
-    state.update(starts=3, store_bytes=4096)
+    state.update(starts=3, store_bytes=4096, not_held={f"{KIND}\x1fstore-full": 3})
     got = scrape(state, synced=lambda kind: kind == KIND)
     assert got[("dispatch_admission_runtime_cache_size", (("kind", KIND),))].value == 12
     assert got[("dispatch_admission_runtime_cache_synced", (("kind", KIND),))].value == 1
@@ -133,6 +133,7 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     assert got[("dispatch_admission_runtime_live_reads_total", (("outcome", "limited"),))].value == 1
     assert got[("dispatch_admission_api_requests_total", (("kind", KIND), ("verb", "list")))].value == 1
     assert got["dispatch_admission_runtime_store_bytes"].value == 4096
+    assert got[("dispatch_admission_runtimes_not_held", (("kind", KIND), ("reason", "store-full")))].value == 3
 
 
 def test_counters_go_on_from_the_store_when_a_keeper_starts_again():
