@@ -216,3 +216,14 @@ def test_the_share_holds_for_watch_events_and_room_made_is_used(tmp_path):
     assert writer.not_held[(NAMESPACED_KIND, "namespace-share")] == 0
     assert writer.namespace_bytes(NAMESPACED_KIND, "team-a") <= 150_000
 
+
+
+def test_the_keepers_state_says_what_is_not_held(tmp_path):
+    from webhook.kube.cluster import ReadStats
+    from webhook.kube.keeper import state_of
+
+    writer = StoreWriter(str(tmp_path), namespace_share=100_000)
+    writer.replace(NAMESPACED_KIND, [namespaced(f"big-{i}", "team-a", 1000) for i in range(3)])
+    state = state_of(writer, ReadStats(), starts=1, started=0.0)
+    assert state["not_held"][f"{NAMESPACED_KIND}\x1fnamespace-share"] == 2
+    assert state["not_held"][f"{KIND}\x1fstore-full"] == 0

@@ -89,7 +89,7 @@ def run(directory: str, kubeconfig: str | None = None, rate: float = live_reads.
 def state_of(writer: StoreWriter, stats: ReadStats, starts: int, started: float) -> dict:
     state = stats.snapshot()
     state.update(starts=starts, started=started, written=time.time(), store_bytes=writer.used_bytes(),
-                 not_held={f"{kind}\x1f{why}": n for (kind, why), n in writer.not_held.items()})
+                 not_held={f"{kind}\x1f{why}": n for (kind, why), n in dict(writer.not_held).items()})
     return state
 
 

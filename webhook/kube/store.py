@@ -122,7 +122,7 @@ class StoreWriter:
         self._shares = {kind: _Share(namespace_share) for kind in KINDS}
         # Runtimes not held whole, per (kind, why): "store-full" (not at all) or "namespace-share" (as the reason
         # only), counted at each list and as watch events add to them; the keeper exports them.
-        self.not_held: dict[tuple[str, str], int] = {}
+        self.not_held = {(kind, why): 0 for kind in KINDS for why in ("store-full", "namespace-share")}  # fixed keys
         # Called in a list's transaction with (kind, runtimes listed): the keeper's state to write with it, so a
         # worker that sees the kind listed sees the state that says so (webhook.kube.keeper).
         self.on_listed: Callable[[str, int], dict] | None = None
@@ -135,14 +135,11 @@ class StoreWriter:
             if txn.get(FORMAT) != FORMAT_VERSION:
                 txn.drop(self.env.open_db(txn=txn), delete=False)
                 txn.put(FORMAT, FORMAT_VERSION)
-            return {kind: g for kind in KINDS if (g := txn.get(GENERATION + kind.encode())) is not None}
-
-    def _generation(self, txn, kind: str) -> bytes:
-        """The kind's generation, made (0) by the first write of a kind never listed."""
-        if kind not in self._generations:
-            self._generations[kind] = b"0"
-            txn.put(GENERATION + kind.encode(), b"0")
-        return self._generations[kind]
+            generations = {}
+            for kind in KINDS:  # generation 0 (empty) for a kind never listed
+                generations[kind] = txn.get(GENERATION + kind.encode()) or b"0"
+                txn.put(GENERATION + kind.encode(), generations[kind])
+            return generations
 
     def put(self, obj) -> Runtime:
         runtime = Runtime.of(obj)
@@ -150,7 +147,7 @@ class StoreWriter:
         held = dict(share.held)
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                k = _stored_key(runtime.key, self._generation(txn, kind))
+                k = _stored_key(runtime.key, self._generations[kind])
                 old = txn.get(k)
                 value = share.value(runtime, k, 0 if old is None else len(k) + len(old))
                 txn.put(k, value)
@@ -186,7 +183,7 @@ class StoreWriter:
     def _delete(self, k: Key) -> None:
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                sk = _stored_key(k, self._generation(txn, k[0]))
+                sk = _stored_key(k, self._generations[k[0]])
                 old = txn.get(sk)
                 if old is not None:
                     txn.delete(sk)
@@ -201,9 +198,9 @@ class StoreWriter:
         """A fresh list of one kind into a new generation, in batches as `objs` comes (a generator reading
         pages), switched to whole at its end (see the module doc); the old generation is then dropped. A list
         that fails midway (the API) leaves the last list read; a store that fills switches to what it wrote."""
-        old = self._generations.get(kind)
+        old = self._generations[kind]
         self._drop_generations(kind, keep=old)  # a keeper that died midway left its list's start
-        new = b"%d" % (int(old or b"0") + 1)
+        new = b"%d" % (int(old) + 1)
         share, written = _Share(self._shares[kind].limit), _Written(kind, new)
         batch: list[tuple[bytes, bytes]] = []
         size = 0
