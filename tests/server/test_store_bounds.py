@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import ROOT, admission, answer, review, runtime, sentinels, trainjob
 from webhook.core.runtimes import MAX_PATH, MAX_STORED_BYTES, NAMESPACED_KIND, Runtime
 from webhook.kube.cluster import ClusterRuntimes
@@ -176,6 +178,7 @@ def namespaced(name: str, namespace: str, volumes: int = 0) -> dict:
         "containers": [{"name": "node"}], "volumes": [{"name": f"{i:04d}" + "v" * 60} for i in range(volumes)]}})
 
 
+@pytest.mark.rules("R5")
 def test_a_namespace_past_its_share_gets_the_documented_answer_and_another_is_admitted(tmp_path):
     share = 200_000  # three runtimes of about 65 KB
     writer = StoreWriter(str(tmp_path), namespace_share=share)
