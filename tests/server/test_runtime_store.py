@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import runtime
 from webhook.core.runtimes import MAX_STORED_BYTES, Runtime
 from webhook.kube.cluster import Page, ReadStats
-from webhook.kube.store import StoreFull, StoreReader, StoreWriter
+from webhook.kube.store import StoreReader, StoreWriter
 from webhook.process import metrics
 
 KIND = "ClusterTrainingRuntime"
@@ -90,15 +90,6 @@ def test_counts_are_kept_by_the_writes_not_by_a_scan(tmp_path):
     assert len(StoreReader(str(tmp_path), env=env)) == 50
 
 
-def test_a_full_store_refuses_the_write_and_keeps_what_it_had(tmp_path):
-    writer = StoreWriter(str(tmp_path), map_size=1 << 20)
-    writer.replace(KIND, [runtime("kept")])
-    with pytest.raises(StoreFull):
-        writer.replace(KIND, (runtime(f"{i:04d}-" + "n" * 200) for i in range(20_000)))
-    reader = StoreReader(str(tmp_path), env=writer.env)
-    assert [r.name for r in reader] == ["kept"], "a list that fails midway writes nothing"
-
-
 def test_a_runtime_is_stored_in_at_most_its_bound(tmp_path):
     big = runtime("big", jobs={"node": {"containers": [{"name": "node"}],
                                         "volumes": [{"name": f"{i:04d}" + "v" * 500} for i in range(1990)]}})
@@ -130,7 +121,7 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     stats.error("list/watch", KIND)
     stats.live_read("limited")
     state = stats.snapshot()
-    state.update(starts=3, store_bytes=4096)
+    state.update(starts=3, store_bytes=4096, not_held={f"{KIND}\x1fstore-full": 3})
     got = scrape(state, synced=lambda kind: kind == KIND)
     assert got[("dispatch_admission_runtime_cache_size", (("kind", KIND),))].value == 12
     assert got[("dispatch_admission_runtime_cache_synced", (("kind", KIND),))].value == 1
@@ -142,6 +133,7 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     assert got[("dispatch_admission_runtime_live_reads_total", (("outcome", "limited"),))].value == 1
     assert got[("dispatch_admission_api_requests_total", (("kind", KIND), ("verb", "list")))].value == 1
     assert got["dispatch_admission_runtime_store_bytes"].value == 4096
+    assert got[("dispatch_admission_runtimes_not_held", (("kind", KIND), ("reason", "store-full")))].value == 3
 
 
 def test_counters_go_on_from_the_store_when_a_keeper_starts_again():

@@ -265,7 +265,8 @@ def cmd_keep(args) -> int:
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format="%(message)s")
     return keeper.run(args.runtime_store, args.kubeconfig, rate=args.live_reads_per_second,
-                      burst=args.live_reads_burst, fresh=args.fresh, parent=args.parent)
+                      burst=args.live_reads_burst, fresh=args.fresh, parent=args.parent,
+                      namespace_share=args.namespace_share)
 
 
 HANDLERS = {"serve": cmd_serve, "keep": cmd_keep, "certificates": cmd_certificates, "review": cmd_review,

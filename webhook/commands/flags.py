@@ -129,6 +129,12 @@ def _keep_flags(sub) -> None:
     k.add_argument("--runtime-store", required=True, metavar="DIR", help="the store's directory, shared with serve")
     k.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then KUBECONFIG)")
     _live_read_flags(k)
+    from ..core.runtimes import NAMESPACE_SHARE
+
+    k.add_argument("--namespace-share", type=positive(int), default=NAMESPACE_SHARE, metavar="BYTES",
+                   help=f"a namespace's TrainingRuntimes held in full, in stored bytes (default {NAMESPACE_SHARE});"
+                        " past it a runtime is held as its name and the reason, and R5 refuses a TrainJob naming it"
+                        " (ErrUnsupported), giving the namespace's size and the share")
     k.add_argument("--fresh", action="store_true", help="empty the store first (default: keep what it holds, which"
                                                         " the workers answer from until the keeper has listed again)")
     k.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # serve's pid: die with it

@@ -56,8 +56,12 @@ def key(kind: str, namespace: str, name: str) -> Key:
 # more than MAX_STORED_BYTES a runtime, nor the keeper's work per runtime by more than these counts.
 MAX_JOBS = 100            # replicated jobs (Trainer's stock runtimes have 1 to 3)
 MAX_NAMES = 2000          # containers, init containers, volumes, mounts, claim templates and mlPolicy sources
-MAX_STORED_BYTES = 64 * 1024  # the strings kept, summed (names and mount paths); the stored form is a little more
-MAX_PATH = 4096           # one mount path (Linux's PATH_MAX)
+MAX_STORED_BYTES = 64 * 1024  # the strings kept, summed in UTF-8 bytes (names and mount paths); stored, a little more
+MAX_PATH = 4096           # one mount path, in UTF-8 bytes (Linux's PATH_MAX)
+# What one namespace's TrainingRuntimes may take of the pod's store, in stored bytes (issue 47; `keep
+# --namespace-share`): past it a runtime is held as its name and the reason (webhook.kube.store), so one tenant
+# cannot fill the store for the others. 16 MiB is 256 runtimes at MAX_STORED_BYTES, tens of thousands of ordinary ones.
+NAMESPACE_SHARE = 16 << 20
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"  # Trainer's default for mlPolicy.mpi.sshAuthMountPath
 
 
@@ -74,14 +78,16 @@ class Job:
 
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
-# share their jobs instead of holding a copy each.
-_JOBS: weakref.WeakValueDictionary[Job, Job] = weakref.WeakValueDictionary()
+# share their jobs instead of holding a copy each. Keyed by a tuple of the job's fields, not the job: a key is
+# held strongly, so a job as its own key was never freed (a relist of 1,500 distinct runtimes kept them all).
+_JOBS: weakref.WeakValueDictionary[tuple[object, ...], Job] = weakref.WeakValueDictionary()
 _JOBS_LOCK = threading.Lock()
 
 
 def _interned(job: Job) -> Job:
+    fields = (job.name, job.containers, job.init_containers, job.volumes, job.publish_mounts, job.node_mounts)
     with _JOBS_LOCK:
-        return _JOBS.setdefault(job, job)
+        return _JOBS.setdefault(fields, job)
 
 
 class _TooLarge(Exception):
@@ -102,7 +108,7 @@ class _Budget:
     def name(self, text: str) -> str:
         """`text`, kept: counted as a name and by its bytes."""
         self.count()
-        self.bytes += len(text)
+        self.bytes += utf8_size(text)  # bytes, not characters: a 4-byte character counts 4
         if self.bytes > MAX_STORED_BYTES:
             raise _TooLarge(f"the names and paths it holds come to more than {MAX_STORED_BYTES} bytes")
         return text
@@ -220,9 +226,14 @@ def _job(rj: dict[str, Any], budget: _Budget) -> Job:
 
 
 def _path(text: str) -> str:
-    if len(text) > MAX_PATH:
-        raise _TooLarge(f"a mount path is longer than {MAX_PATH} characters")
+    if len(text) > MAX_PATH or utf8_size(text) > MAX_PATH:  # characters first: no encoding of a huge path
+        raise _TooLarge(f"a mount path is longer than {MAX_PATH} bytes")
     return paths.normalise(text)
+
+
+def utf8_size(text: str) -> int:
+    """`text`'s size in UTF-8 bytes, every bound's unit (a lone surrogate, which JSON can carry, counts 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def stored_version(raw: bytes) -> bytes:

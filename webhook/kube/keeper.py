@@ -23,7 +23,7 @@ from ..core.runtimes import KINDS
 from ..process.stopping import stopped_by_signals
 from . import live_reads
 from .cluster import ReadStats, Reflector, RuntimeAPI, api_client
-from .store import StoreFull, StoreWriter, prepare
+from .store import NAMESPACE_SHARE, StoreFull, StoreWriter, prepare
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,13 @@ class Keeper:
 
 
 def run(directory: str, kubeconfig: str | None = None, rate: float = live_reads.DEFAULT_RATE,
-        burst: int = live_reads.DEFAULT_BURST, fresh: bool = False, parent: int | None = None) -> int:
+        burst: int = live_reads.DEFAULT_BURST, fresh: bool = False, parent: int | None = None,
+        namespace_share: int = NAMESPACE_SHARE) -> int:
     """Keep the store in `directory` until SIGTERM (or, with `parent`, until that process is gone)."""
     stopped = stopped_by_signals()
     if parent is not None:
         _die_with_parent(parent)
-    writer = StoreWriter(prepare(directory, fresh=fresh))
+    writer = StoreWriter(prepare(directory, fresh=fresh), namespace_share=namespace_share)
     before = writer.state()
     stats = ReadStats()
     stats.resume(before)
@@ -65,6 +66,7 @@ def run(directory: str, kubeconfig: str | None = None, rate: float = live_reads.
         return state_of(writer, stats, starts, started)
 
     writer.on_listed = listed
+    writer.on_full = lambda kind: stats.error("store", kind)  # a write the store had no room for
     write_state(writer, stats, starts, started)
     api = RuntimeAPI(api_client(kubeconfig), stats)
     answers = live_reads.Answers(api.get, rate=rate, burst=burst, count=stats.live_read)
@@ -86,7 +88,8 @@ def run(directory: str, kubeconfig: str | None = None, rate: float = live_reads.
 
 def state_of(writer: StoreWriter, stats: ReadStats, starts: int, started: float) -> dict:
     state = stats.snapshot()
-    state.update(starts=starts, started=started, written=time.time(), store_bytes=writer.used_bytes())
+    state.update(starts=starts, started=started, written=time.time(), store_bytes=writer.used_bytes(),
+                 not_held={f"{kind}\x1f{why}": n for (kind, why), n in dict(writer.not_held).items()})
     return state
 
 

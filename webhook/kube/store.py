@@ -10,13 +10,27 @@ The store outlives the keeper: a keeper that restarts (an OOM kill, a node's pre
 synced store to the workers, which go on answering from it and say how old it is; the new keeper lists
 again into it. LMDB's copy-on-write keeps it whole whatever point the writer dies at.
 
-Keys are `kind \\x1f namespace \\x1f name`; values are `Runtime.to_bytes()`. Keys starting with NUL are the
-store's own: which kinds have completed a first list, and the keeper's state (`STATE`: when each kind was last
-confirmed, how often the keeper started, its requests and errors), which the serving container exports.
+A list is written in generations (issue 47): each kind's runtimes are keyed `kind \x1f generation \x1f namespace
+\x1f name`, and `GENERATION + kind` says which generation the readers read. A relist writes a new generation in
+transactions of at most BATCH_BYTES each (so the keeper holds one batch, not the list: LMDB keeps a write
+transaction's dirty pages in the heap until its commit), then switches the pointer in one transaction and drops
+the old generation in batches. A reader reads the pointer and the runtime in one transaction: it sees the old
+list or the new one, whole, never half of one. Values are `Runtime.to_bytes()`. Keys starting with NUL are the
+store's own: the generations, which kinds have completed a first list, and the keeper's state (`STATE`: when each
+kind was last confirmed, how often the keeper started, its requests and errors), which the serving container
+exports.
+
+Two bounds keep one tenant from filling it for the others: a namespace's TrainingRuntimes are held in full up to
+its share (`namespace_share` bytes, `keep --namespace-share`); past it a runtime is held as its name and the
+reason (R5 refuses a TrainJob naming it, giving the namespace's size and the share). A store that is full keeps
+what it holds: a list that does not fit is switched to as far as it was written (what it lacks is confirmed by a
+live read, as any miss), and a watch event that does not fit removes the runtime's older version; both are
+logged and counted (`not_held`), never the whole list discarded.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -25,7 +39,9 @@ from collections.abc import Callable, Iterable, Iterator
 import lmdb
 import orjson
 
-from ..core.runtimes import MAX_STORED_BYTES, Key, Runtime, key, key_of
+from ..core.runtimes import KINDS, MAX_STORED_BYTES, NAMESPACE_SHARE, NAMESPACED_KIND, Key, Runtime, key, key_of
+
+log = logging.getLogger(__name__)
 
 # The store's hard ceiling: LMDB never grows its file past it (a write past it fails, and is counted). One runtime
 # is stored in at most MAX_STORED_BYTES and a little (a larger one is held as too large to check, in a few hundred
@@ -34,12 +50,18 @@ from ..core.runtimes import MAX_STORED_BYTES, Key, Runtime, key, key_of
 MAP_SIZE = 512 << 20
 SYNCED = b"\0synced\x1f"
 STATE = b"\0state"
+GENERATION = b"\0generation\x1f"  # + kind: the generation of that kind the readers read
+FORMAT = b"\0format"
+FORMAT_VERSION = b"2"  # 2: keys carry a generation (a store of another format is emptied and listed again)
 DECODED_BYTES = 4 << 20  # what a worker keeps decoded (the runtimes it reviews most), counted in stored bytes
-assert MAX_STORED_BYTES < DECODED_BYTES
+BATCH_BYTES = 4 << 20  # what one write transaction of a list holds at most: the keeper's heap for a relist
+DROP_BATCH = 1000  # keys of an old generation deleted per transaction
+SHARE_WORDS = "would pass the namespace's share of"  # in the reason of a runtime held as over its namespace's share
+assert MAX_STORED_BYTES < DECODED_BYTES and MAX_STORED_BYTES < BATCH_BYTES
 
 
-def _key_bytes(k: Key) -> bytes:
-    return "\x1f".join(k).encode()
+def _stored_key(k: Key, generation: bytes) -> bytes:
+    return b"\x1f".join((k[0].encode(), generation, k[1].encode(), k[2].encode()))
 
 
 def _prefix(kind: str) -> bytes:
@@ -47,77 +69,234 @@ def _prefix(kind: str) -> bytes:
 
 
 class StoreFull(Exception):
-    """The store reached MAP_SIZE: the runtime was not written (the workers confirm it with a live read)."""
+    """The store reached MAP_SIZE and not even a runtime's older version could be removed to say so."""
+
+
+class _Share:
+    """A namespace's TrainingRuntimes held in full up to `limit` stored bytes; past it, a runtime is held as its
+    name and the reason. `held` is what each namespace's runtimes take (their keys and values)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held: dict[str, int] = {}
+
+    def value(self, runtime: Runtime, stored_key: bytes, replaced: int = 0) -> bytes:
+        """What to store for `runtime`, replacing `replaced` bytes of its namespace's; counted in `held`."""
+        value = runtime.to_bytes()
+        size = len(stored_key) + len(value)
+        if runtime.kind == NAMESPACED_KIND:
+            ns = runtime.namespace
+            others = self.held.get(ns, 0) - replaced
+            if others + size > self.limit:
+                value = Runtime(runtime.kind, ns, runtime.name, runtime.version, oversize=(
+                    f"its namespace {ns} holds {others:,} bytes of TrainingRuntimes, and this one's {size:,}"
+                    f" {SHARE_WORDS} {self.limit:,} bytes")).to_bytes()
+            self.held[ns] = others + len(stored_key) + len(value)
+        return value
+
+    def release(self, kind: str, namespace: str, size: int) -> None:
+        if kind == NAMESPACED_KIND:
+            left = self.held.get(namespace, 0) - size
+            if left > 0:
+                self.held[namespace] = left
+            else:
+                self.held.pop(namespace, None)
+
+
+def over_share(value: bytes) -> bool:
+    """Whether a stored runtime is held as over its namespace's share (then it is small: its name and the reason)."""
+    return len(value) < 2048 and SHARE_WORDS in Runtime.from_bytes(value).oversize
 
 
 class StoreWriter:
     """The keeper's side: the only writer. It takes the calls a Reflector makes of an index, and keeps a count
     per kind as it writes, so a watch event costs the same whatever the number of runtimes."""
 
-    def __init__(self, directory: str, map_size: int = MAP_SIZE):
+    def __init__(self, directory: str, map_size: int = MAP_SIZE, namespace_share: int = NAMESPACE_SHARE,
+                 batch_bytes: int = BATCH_BYTES):
         self.env = lmdb.open(directory, map_size=map_size, subdir=True, sync=False, metasync=False,
                              max_readers=512)
+        self.batch_bytes = batch_bytes
         self._lock = threading.Lock()  # one write transaction at a time from this process's threads
         self._counts: dict[str, int] = {}
+        self._shares = {kind: _Share(namespace_share) for kind in KINDS}
+        # Runtimes not held whole, per (kind, why): "store-full" (not at all) or "namespace-share" (as the reason
+        # only), counted at each list and as watch events add to them; the keeper exports them.
+        self.not_held = {(kind, why): 0 for kind in KINDS for why in ("store-full", "namespace-share")}  # fixed keys
         # Called in a list's transaction with (kind, runtimes listed): the keeper's state to write with it, so a
         # worker that sees the kind listed sees the state that says so (webhook.kube.keeper).
         self.on_listed: Callable[[str, int], dict] | None = None
+        self.on_full: Callable[[str], None] | None = None  # a write the store had no room for (the keeper counts it)
+        self._generations = self._open()
 
-    @staticmethod
-    def _put(txn, k: bytes, runtime: Runtime) -> bool:
-        new = txn.get(k) is None
-        txn.put(k, runtime.to_bytes())
-        return new
+    def _open(self) -> dict[str, bytes]:
+        """The generation each kind is read at; a store of another format is emptied first (the keeper lists)."""
+        with self.env.begin(write=True) as txn:
+            if txn.get(FORMAT) != FORMAT_VERSION:
+                txn.drop(self.env.open_db(txn=txn), delete=False)
+                txn.put(FORMAT, FORMAT_VERSION)
+            generations = {}
+            for kind in KINDS:  # generation 0 (empty) for a kind never listed
+                generations[kind] = txn.get(GENERATION + kind.encode()) or b"0"
+                txn.put(GENERATION + kind.encode(), generations[kind])
+            return generations
 
     def put(self, obj) -> Runtime:
         runtime = Runtime.of(obj)
-        k = _key_bytes(runtime.key)
+        kind, share = runtime.kind, self._shares[runtime.kind]
+        held = dict(share.held)
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                if self._put(txn, k, runtime):
-                    self._counts[runtime.kind] = self._counts.get(runtime.kind, 0) + 1
+                k = _stored_key(runtime.key, self._generations[kind])
+                old = txn.get(k)
+                value = share.value(runtime, k, 0 if old is None else len(k) + len(old))
+                txn.put(k, value)
         except lmdb.MapFullError:
-            raise StoreFull(f"the runtime store is full ({MAP_SIZE >> 20} MiB)") from None
+            share.held = held
+            self._full_put(runtime.key)
+            return runtime
+        if old is None:
+            self._counts[kind] = self._counts.get(kind, 0) + 1
+        self._count_share(kind, (old is not None and over_share(old), over_share(value)))
         return runtime
 
-    def delete(self, obj) -> None:
-        k = key_of(obj)
-        with self._lock, self.env.begin(write=True) as txn:
-            if txn.delete(_key_bytes(k)):
-                self._counts[k[0]] = max(0, self._counts.get(k[0], 0) - 1)
+    def _count_share(self, kind: str, was_is: tuple[bool, bool]) -> None:
+        change = int(was_is[1]) - int(was_is[0])
+        if change:
+            why = (kind, "namespace-share")
+            self.not_held[why] = max(0, self.not_held.get(why, 0) + change)
 
-    def replace(self, kind: str, objs: Iterable) -> int:
-        """A fresh list of one kind, in one transaction (readers see the old list or the new, whole), and the
-        kind marked as listed; `objs` may be a generator reading pages: each is written as it comes. A list
-        that fails midway (the API, or the store full) writes nothing: the last list stays."""
-        prefix, fresh = _prefix(kind), set()
+    def _full_put(self, k: Key) -> None:
+        """No room for a watch event's runtime: its older version goes (a miss is confirmed by a live read; an
+        old version would be checked in its place), and it is said."""
+        if self.on_full is not None:
+            self.on_full(k[0])
+        why = (k[0], "store-full")
+        self.not_held[why] = self.not_held.get(why, 0) + 1
+        log.warning('{"msg": "runtime store full: runtime not held", "kind": "%s", "namespace": "%s", "name": "%s"}',
+                    *k)
+        self._delete(k)
+
+    def delete(self, obj) -> None:
+        self._delete(key_of(obj))
+
+    def _delete(self, k: Key) -> None:
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                for runtime in (Runtime.of(o, kind) for o in objs):
-                    k = _key_bytes(runtime.key)
-                    txn.put(k, runtime.to_bytes())
-                    fresh.add(k)
-                cursor = txn.cursor()
-                stale = []
-                if cursor.set_range(prefix):
-                    for k in cursor.iternext(values=False):
-                        if not k.startswith(prefix):
-                            break
-                        if k not in fresh:
-                            stale.append(k)
-                for k in stale:
-                    txn.delete(k)
-                txn.put(SYNCED + kind.encode(), b"1")
-                if self.on_listed is not None:
-                    txn.put(STATE, orjson.dumps(self.on_listed(kind, len(fresh))))
+                sk = _stored_key(k, self._generations[k[0]])
+                old = txn.get(sk)
+                if old is not None:
+                    txn.delete(sk)
         except lmdb.MapFullError:
             raise StoreFull(f"the runtime store is full ({MAP_SIZE >> 20} MiB)") from None
-        self._counts[kind] = len(fresh)
-        return len(fresh)
+        if old is not None:
+            self._counts[k[0]] = max(0, self._counts.get(k[0], 0) - 1)
+            self._shares[k[0]].release(k[0], k[1], len(sk) + len(old))
+            self._count_share(k[0], (over_share(old), False))
+
+    def replace(self, kind: str, objs: Iterable) -> int:
+        """A fresh list of one kind into a new generation, in batches as `objs` comes (a generator reading
+        pages), switched to whole at its end (see the module doc); the old generation is then dropped. A list
+        that fails midway (the API) leaves the last list read; a store that fills switches to what it wrote."""
+        old = self._generations[kind]
+        self._drop_generations(kind, keep=old)  # a keeper that died midway left its list's start
+        new = b"%d" % (int(old) + 1)
+        share, written = _Share(self._shares[kind].limit), _Written(kind, new)
+        batch: list[tuple[bytes, bytes]] = []
+        size = 0
+        for runtime in (Runtime.of(o, kind) for o in objs):
+            k = _stored_key(runtime.key, new)
+            batch.append((k, share.value(runtime, k)))
+            size += len(k) + len(batch[-1][1])
+            if size >= self.batch_bytes:
+                self._write_batch(written, batch)
+                batch, size = [], 0
+        self._write_batch(written, batch)
+        if not written.switched:
+            self._switch(written)
+        self._listed(written, share)
+        return written.held
+
+    def _write_batch(self, written: _Written, batch: list[tuple[bytes, bytes]]) -> None:
+        """One transaction of a list; when the store is full, the list is switched to as written so far (the
+        old one dropped, which makes room) and the batch written again one runtime at a time."""
+        try:
+            with self._lock, self.env.begin(write=True) as txn:
+                for k, v in batch:
+                    txn.put(k, v)
+            written.took(batch)
+            return
+        except lmdb.MapFullError:
+            pass
+        if not written.switched:
+            self._switch(written)
+        for k, v in batch:
+            try:
+                with self._lock, self.env.begin(write=True) as txn:
+                    txn.put(k, v)
+                written.took([(k, v)])
+            except lmdb.MapFullError:
+                written.not_held += 1
+
+    def _switch(self, written: _Written) -> None:
+        """The readers read the new generation from this transaction on; then the old one is dropped."""
+        kind = written.kind
+        try:
+            with self._lock, self.env.begin(write=True) as txn:
+                txn.put(GENERATION + kind.encode(), written.generation)
+                txn.put(SYNCED + kind.encode(), b"1")
+                if self.on_listed is not None:
+                    txn.put(STATE, orjson.dumps(self.on_listed(kind, written.held)))
+        except lmdb.MapFullError:  # the list's generation is dropped at the next list's start
+            raise StoreFull(f"the runtime store is full ({MAP_SIZE >> 20} MiB)") from None
+        self._generations[kind] = written.generation
+        written.switched = True
+        self._drop_generations(kind, keep=written.generation)
+
+    def _listed(self, written: _Written, share: _Share) -> None:
+        kind = written.kind
+        self._counts[kind] = written.held
+        share.held = {ns: n for ns, n in written.namespaces.items() if n}
+        self._shares[kind] = share
+        self.not_held[(kind, "store-full")] = written.not_held
+        self.not_held[(kind, "namespace-share")] = written.over_share
+        if written.not_held:
+            if self.on_full is not None:
+                self.on_full(kind)
+            log.warning('{"msg": "runtime store full: list held in part", "kind": "%s", "held": %d, "not_held": %d}',
+                        kind, written.held, written.not_held)
+        for ns, n in sorted(written.over_namespaces.items()):
+            log.warning('{"msg": "namespace past its share of the runtime store", "kind": "%s", "namespace": "%s",'
+                        ' "held_bytes": %d, "share_bytes": %d, "runtimes_held_as_over_share": %d}',
+                        kind, ns, share.held.get(ns, 0), share.limit, n)
+
+    def _drop_generations(self, kind: str, keep: bytes | None) -> None:
+        """Delete every key of `kind` outside generation `keep`, DROP_BATCH a transaction."""
+        prefix = _prefix(kind)
+        kept = None if keep is None else prefix + keep + b"\x1f"
+        while True:
+            with self._lock, self.env.begin(write=True) as txn:
+                cursor, dropped = txn.cursor(), 0
+                found = cursor.set_range(prefix)
+                while found and dropped < DROP_BATCH:
+                    k = cursor.key()
+                    if not k.startswith(prefix):
+                        return
+                    if kept is not None and k.startswith(kept):
+                        found = cursor.set_range(kept[:-1] + b"\x20")  # past the kept generation's keys
+                        continue
+                    found = cursor.delete()
+                    dropped += 1
+                if dropped < DROP_BATCH:
+                    return
 
     def count(self, kind: str) -> int:
         """The runtimes of `kind` held, as counted by the writes (no scan)."""
         return self._counts.get(kind, 0)
+
+    def namespace_bytes(self, kind: str, namespace: str) -> int:
+        """What a namespace's runtimes of `kind` take in the store (their keys and values), as counted by the writes."""
+        return self._shares[kind].held.get(namespace, 0)
 
     def state(self) -> dict:
         """The keeper's state as last written (empty when none was)."""
@@ -136,6 +315,26 @@ class StoreWriter:
     def reader_check(self) -> int:
         """Free the reader slots of workers that died in a read (LMDB keeps them until asked)."""
         return self.env.reader_check()
+
+
+class _Written:
+    """What a list has written so far into its generation."""
+
+    def __init__(self, kind: str, generation: bytes):
+        self.kind, self.generation = kind, generation
+        self.switched = False
+        self.held = self.not_held = self.over_share = 0
+        self.namespaces: dict[str, int] = {}
+        self.over_namespaces: dict[str, int] = {}
+
+    def took(self, batch: list[tuple[bytes, bytes]]) -> None:
+        for k, v in batch:
+            namespace = k.split(b"\x1f", 3)[2].decode()
+            self.held += 1
+            self.namespaces[namespace] = self.namespaces.get(namespace, 0) + len(k) + len(v)
+            if over_share(v):
+                self.over_share += 1
+                self.over_namespaces[namespace] = self.over_namespaces.get(namespace, 0) + 1
 
 
 class StoreReader:
@@ -175,11 +374,16 @@ class StoreReader:
         return orjson.loads(raw) if raw else {}
 
     def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
-        k = _key_bytes(key(kind, namespace, name))
-        raw = self._get(k)
+        k = key(kind, namespace, name)
+        env = self.env
+        if env is None:
+            return None
+        with env.begin() as txn:  # the generation and the runtime in one snapshot: a list whole, old or new
+            generation = txn.get(GENERATION + kind.encode())
+            raw = None if generation is None else txn.get(_stored_key(k, generation))
         if raw is None:
             return None
-        return self._decode(k, raw)
+        return self._decode(_stored_key(k, b""), raw)
 
     def _decode(self, k: bytes, raw: bytes) -> Runtime:
         """The same Runtime object while its stored bytes do not change: what the rules decided of it is
@@ -202,14 +406,24 @@ class StoreReader:
         return runtime
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        """(key, stored bytes) of every runtime, from one snapshot."""
+        """(`kind \\x1f namespace \\x1f name`, stored bytes) of every runtime read, from one snapshot."""
         env = self.env
         if env is None:
             return
         with env.begin() as txn:
-            for k, v in txn.cursor():
-                if not k.startswith(b"\0"):
-                    yield k, v
+            for kind in KINDS:
+                generation = txn.get(GENERATION + kind.encode())
+                if generation is None:
+                    continue
+                prefix = _prefix(kind) + generation + b"\x1f"
+                cursor = txn.cursor()
+                found = cursor.set_range(prefix)
+                while found:
+                    k, v = cursor.item()
+                    if not k.startswith(prefix):
+                        break
+                    yield _prefix(kind) + k[len(prefix):], v
+                    found = cursor.next()
 
     def __len__(self) -> int:
         return sum(1 for _ in self.items())

@@ -33,6 +33,7 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_runtime_keeper_errors_total{operation,kind}    counter, the keeper's failed lists, watches, writes
 - dispatch_admission_runtime_live_reads_total{outcome}              counter, live reads on a miss, for the whole pod
 - dispatch_admission_runtime_store_bytes                            gauge, what the store's file uses
+- dispatch_admission_runtimes_not_held{kind,reason}                 gauge, runtimes the store holds not whole (issue 47)
 - dispatch_admission_runtimes_cannot_carry{kind}                     gauge, runtimes that cannot carry (SPEC 8.3)
 - dispatch_admission_runtime_ready{kind,namespace,name}             gauge 0/1 (SPEC 8.3), only with
   `serve --runtime-metric-labels`: by default /metrics names no runtime (no tenant's names leak through it,
@@ -303,6 +304,14 @@ def _cache_families() -> Iterator[Metric]:
         for k, v in sorted((state.get("live") or {}).items()):
             live.add_metric([k], float(v))
         yield live
+        not_held = GaugeMetricFamily("dispatch_admission_runtimes_not_held",
+                                     "Runtimes the keeper's last list and the watch events since did not hold whole:"
+                                     " store-full (not held: a review naming one makes a live read), namespace-share"
+                                     " (held as their name and the reason: R5 refuses TrainJobs naming them).",
+                                     labels=["kind", "reason"])
+        for k, v in sorted((state.get("not_held") or {}).items()):
+            not_held.add_metric(k.split("\x1f", 1), float(v))
+        yield not_held
         if "store_bytes" in state:
             yield GaugeMetricFamily("dispatch_admission_runtime_store_bytes", "Bytes the runtime store's file uses.",
                                     value=float(state["store_bytes"]))
