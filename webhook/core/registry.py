@@ -138,6 +138,12 @@ def _r5(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targ
                 say(f"replicated job {job.name!r} already defines volume {name!r}, a name the webhook reserves")
         for container, mp in job.publish_mounts:
             say(f"replicated job {job.name!r} container {container!r} mounts {mp!r}, at or under {paths.PUBLISH_DIR}")
+        for mounter in job.mounters:  # after the merge it would mount the entry's volume (route 2's init too)
+            for name in mounter.volumes:
+                if name == PUBLISH_VOLUME or name in creds:
+                    what = "init container" if mounter.init else "container"
+                    say(f"unmount {name!r} from job {job.name!r} {what} {mounter.name!r}: only the webhook's"
+                        " entry may mount that volume, as it defines it")
     for job in targets:  # where the credentials are mounted: Trainer merges mounts by path
         for mp in job.node_mounts:
             for cred in settings.credentials:
@@ -235,8 +241,10 @@ R5 = Rule(
     "a runtime that already defines `dispatch-publish` or a credential's volume name (a volume, or a claim"
     " template of the JobSet template's `volumeClaimPolicies`: JobSet makes each a volume), mounts at or under"
     " `/opt/dispatch`, mounts at or under a credential's `mountPath` on a target job's `node` container, or whose"
-    " `mlPolicy.mpi.sshAuthMountPath` overlaps a credential's; a runtime too large to check",
-    ("runtime: volumes, claim templates and mounts of each replicated job", "runtime: mlPolicy.mpi",
+    " `mlPolicy.mpi.sshAuthMountPath` overlaps a credential's; a container or init container (route 2's own"
+    " too) mounting, by name, `dispatch-publish` or a credential's volume; a runtime too large to check",
+    ("runtime: volumes, claim templates, mounts and mounted volume names of each replicated job",
+     "runtime: mlPolicy.mpi",
      "settings.credentials"),
     hooks={Point.RUNTIME_OVERSIZE: _r5_oversize, Point.RUNTIME: _r5})
 R6 = Rule(
