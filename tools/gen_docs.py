@@ -112,8 +112,8 @@ def errors_page() -> str:
             "The rule registry, `webhook/core/registry.py`. Each reason carries the rule that found it: the `rule` "
             "label of `dispatch_admission_would_deny_total`.\n\n",
             "| rule | sentinel | SPEC |\n|---|---|---|\n"]
-    out += [f"| [{r.id}](#{r.id.lower()}) | {r.sentinel.label} | {r.section} |\n" for r in registry.RULES]
-    for r in registry.RULES:
+    out += [f"| [{r.id}](#{r.id.lower()}) | {r.sentinel.label} | {r.section} |\n" for r in registry.DEFAULT.rules]
+    for r in registry.DEFAULT.rules:
         reads = "; ".join(f"`{x}`" for x in r.reads)
         out.append(f"\n### {r.id}\n\nRefuses {r.refuses}.\n\n"
                    f"Sentinel `{r.sentinel.label}`; SPEC {r.section}; reads {reads}; checked in {r.where}.\n")

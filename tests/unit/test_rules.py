@@ -475,7 +475,7 @@ def test_a_runtime_is_taken_as_what_the_rules_read_of_it():
 
     from tests.e2e import toolchain
     from tests.helpers import EXAMPLES, runtime, settings
-    from webhook.core.rules import runtime_facts
+    from webhook.core.registry import runtime_facts
     from webhook.core.runtimes import MAX_NAMES, Runtime
 
     found = [d for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]

@@ -6,7 +6,8 @@ cache (`webhook.kube.cluster`) both fill the same index.
 
 A `Runtime` is what the rules read of a runtime object, taken once when a source takes the object: its
 kind and name, its mlPolicy sources (and MPI's sshAuthMountPath), the JobSet template's claim template
-names and, per replicated job, the names of its containers, init containers and volumes, the volumes each
+names and, per replicated job, the names of its containers, init containers and volumes (and each volume's
+source), the volumes each
 container and init container mounts (by name), its mounts at or under /opt/dispatch and the `node` container's
 mount paths. Nothing else of the object is kept (images,
 commands, env, resources and managedFields are most of it), so a cache of 10,000 runtimes is small, and
@@ -82,6 +83,7 @@ class Job:
     publish_mounts: tuple[tuple[str, str], ...]  # (container, mountPath) at or under /opt/dispatch
     node_mounts: tuple[str, ...] = ()   # the `node` container's mount paths, normalised (R5: credentials' paths)
     mounters: tuple[Mounter, ...] = ()  # the containers and init containers that mount volumes (R5)
+    sources: tuple[str, ...] = ()       # the source of each of `volumes` (`hostPath`, `emptyDir`, ...; "" unknown)
 
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
@@ -167,8 +169,8 @@ class Runtime:
         """The runtime as stored in the shared cache (webhook.kube.store): its resourceVersion, a NUL, then its
         fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
         jobs = tuple((j.name, tuple(sorted(j.containers)), tuple(sorted(j.init_containers)), j.volumes,
-                      j.publish_mounts, j.node_mounts, tuple((m.name, m.init, m.volumes) for m in j.mounters))
-                     for j in self.jobs)
+                      j.publish_mounts, j.node_mounts, tuple((m.name, m.init, m.volumes) for m in j.mounters),
+                      j.sources) for j in self.jobs)
         return self.version.encode() + b"\0" + marshal.dumps(
             (self.kind, self.namespace, self.name, tuple(sorted(self.policies)), jobs, self.claims, self.ssh_path,
              self.oversize))
@@ -178,8 +180,9 @@ class Runtime:
         version, _, body = bytes(raw).partition(b"\0")
         kind, namespace, name, policies, jobs, claims, ssh_path, oversize = marshal.loads(body)
         return cls(kind, namespace, name, version.decode(), frozenset(policies),
-                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m, nm, tuple(Mounter(*t) for t in mt)))
-                         for n, c, i, v, m, nm, mt in jobs),
+                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m, nm, tuple(Mounter(*t) for t in mt),
+                                       tuple(_SOURCES.get(k, "") for k in src)))
+                         for n, c, i, v, m, nm, mt, src in jobs),
                    claims, ssh_path, oversize)
 
 
@@ -233,11 +236,26 @@ def _job(rj: dict[str, Any], budget: _Budget) -> Job:
             if mounted and isinstance(container, str):  # a container without a string name is no container
                 mounters.append(Mounter(container, not are_containers, tuple(mounted)))
     job_name = rj.get("name")
+    volumes = [v for v in map(_obj, _list(pod.get("volumes"))) if isinstance(v.get("name"), str)]
     return _interned(Job(budget.name(job_name) if isinstance(job_name, str) else "",
                          frozenset(_names(containers, budget)), frozenset(_names(inits, budget)),
-                         tuple(_names(_list(pod.get("volumes")), budget)), tuple(publish_mounts),
+                         tuple(_names(volumes, budget)), tuple(publish_mounts),
                          tuple(budget.name(p) for p in sorted(node_mounts)),  # counted again: kept too
-                         tuple(mounters)))
+                         tuple(mounters), tuple(_source(v) for v in volumes)))
+
+
+# The sources a pod's volume may have (Kubernetes' core/v1 Volume): one of these strings is kept per volume, so a
+# volume's source costs the stored form a reference, not its bytes.
+_SOURCES = {k: k for k in (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI",
+    "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs", "hostPath",
+    "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume", "projected",
+    "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume")}
+
+
+def _source(volume: dict[str, Any]) -> str:
+    """The volume's source, by its key (`hostPath`); "" for none this program knows."""
+    return next((_SOURCES[k] for k, v in volume.items() if k in _SOURCES and v is not None), "")
 
 
 def _path(text: str) -> str:
