@@ -2,7 +2,7 @@
 change, not the luck of the draw); local runs and the long release run draw new ones each time.
 
 The rules' tests are marked for the sweep (tests/sweep.py): a test named `test_<rule>_...` or
-`test_spec_5_<rule>_...` (any id of `registry.RULES`) is marked for that rule, others with
+`test_spec_5_<rule>_...` (any id of `registry.DEFAULT`) is marked for that rule, others with
 `@pytest.mark.rules("<id>", ...)`; `--rule-off ID` runs the session with that rule switched off, and
 `--sweep-report FILE` writes how each test ended, for the sweep to read.
 """
@@ -24,7 +24,7 @@ settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # The ids come from the registry: a rule added there (R9, S7) marks its tests without an edit here.
-_IDS = {r.id.lower(): r.id for r in registry.RULES}
+_IDS = {r.id.lower(): r.id for r in registry.DEFAULT.rules}
 _NAMED = re.compile(r"^test_(?:spec_5_)?(" + "|".join(map(re.escape, _IDS)) + ")_")
 
 
@@ -36,11 +36,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "rules(*ids): the test checks these rules (the sweep runs it for each)")
-    for r in registry.RULES:
+    for r in registry.DEFAULT.rules:
         config.addinivalue_line("markers", f"rule_{r.id}: marked for rule {r.id} (set from the name or rules())")
     off = config.getoption("rule_off")
     if off:
-        config._rules_off = registry.switched_off(*off)
+        config._rules_off = registry.DEFAULT.switched_off(*off)
         config._rules_off.__enter__()
     config._sweep_outcomes = []
 
@@ -65,7 +65,7 @@ def rules_of(item) -> set[str]:
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for rule_id in rules_of(item):
-            if rule_id not in registry.BY_ID:
+            if rule_id not in registry.DEFAULT.by_id:
                 raise pytest.UsageError(f"{item.nodeid}: no rule {rule_id!r} in webhook/core/registry.py")
             item.add_marker(f"rule_{rule_id}")
 

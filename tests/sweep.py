@@ -51,7 +51,7 @@ def judge(rule_id: str, tmp: Path) -> tuple[bool, str]:
 
 
 def main(argv: list[str]) -> int:
-    ids = argv or [r.id for r in registry.RULES]
+    ids = argv or [r.id for r in registry.DEFAULT.rules]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sweep-") as d:
         tmp = Path(d)

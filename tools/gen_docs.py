@@ -115,8 +115,8 @@ def errors_page() -> str:
             "label of `dispatch_admission_would_deny_total`.\n\n",
             "| rule | sentinel | contract section |\n|---|---|---|\n"]
     out += [f"| [{r.id}](#{r.id.lower()}) | {r.sentinel.label} | {section_link(r.section, '../contract.md')} |\n"
-            for r in registry.RULES]
-    for r in registry.RULES:
+            for r in registry.DEFAULT.rules]
+    for r in registry.DEFAULT.rules:
         reads = "; ".join(f"`{x}`" for x in r.reads)
         section = section_link(r.section, "../contract.md")
         out.append(f"\n### {r.id}\n\nRefuses {r.refuses}.\n\n"

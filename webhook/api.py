@@ -25,7 +25,7 @@ from typing import Any
 from .core import patch
 from .core.admission import Admission, Enforcement, Verb
 from .core.errors import Denied, Reason, Sentinel
-from .core.rules import runtime_facts
+from .core.registry import runtime_facts
 from .core.runtimes import GROUP, PLURALS, TRAINJOB_KIND, VERSION, Runtime, RuntimeIndex, RuntimeSource
 from .core.settings import Settings, parse, schema
 

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.fake_api import Script, StopReflector
 from tests.helpers import ROUTE1, ROUTE2, runtime, settings
-from webhook.core.rules import runtime_facts
+from webhook.core.registry import runtime_facts
 from webhook.kube.cluster import ClusterRuntimes, Reflector
 from webhook.kube.store import StoreReader, StoreWriter
 from webhook.process import metrics

@@ -2,14 +2,14 @@
 the code is there, and a rule switched off gives no reason anywhere (what the sweep relies on)."""
 
 import ast
-import importlib
-import inspect
+import dataclasses
 
 import pytest
 
-from tests.helpers import ROOT, admission, answer, review, runtime, sentinels, stock_runtimes, trainjob
+from tests.helpers import NOW, ROOT, admission, answer, review, runtime, sentinels, settings, stock_runtimes, trainjob
 from webhook.core import errors, registry
-from webhook.core.rule import Rule
+from webhook.core.admission import Admission
+from webhook.core.rule import Point, Registry, Unreadable
 from webhook.core.runtimes import RuntimeIndex
 
 CORE = ROOT / "webhook" / "core"
@@ -45,27 +45,42 @@ def rule_tags_in_code() -> set[str]:
 
 def test_no_rule_id_is_written_beside_a_check_and_every_rule_has_a_check():
     assert rule_tags_in_code() - {label for label, _ in registry.OTHER_LABELS} == set()
-    names = {id(v): k for k, v in vars(registry).items() if isinstance(v, Rule)}
     for r in registry.RULES + (registry.MALFORMED,):
         assert r.section and r.refuses and r.reads and r.where, r.id
-        assert r.hooks or r.checked_in, f"{r.id} has no check"
+        assert r.hooks, f"{r.id} has no hook"
         for point, hook in r.hooks.items():
-            assert point.where in r.where and callable(hook)
-        for where in r.checked_in:  # each function named exists and makes reasons through this rule
-            module, *attrs = where.split(".")
-            found = importlib.import_module(f"webhook.core.{module}")
-            for attr in attrs:
-                found = getattr(found, attr)
-            assert f"registry.{names[id(r)]}" in inspect.getsource(found), f"{r.id}: {where}"
-    assert len(registry.BY_ID) == len(registry.RULES)
+            assert isinstance(point, Point) and point.where in r.where and callable(hook)
+    assert len(registry.DEFAULT.by_id) == len(registry.DEFAULT.rules) == len(registry.RULES)
+
+
+def test_every_rule_is_hooks_at_typed_points_and_the_walks_know_no_rule():
+    """Issue 49: no `checks.on(...)` ladder beside the hooks, the walks import no registry, and the registry is
+    an object handed to `Admission`, never module state reassigned."""
+    for path in CORE.glob("*.py"):
+        assert "checks.on(" not in path.read_text(), path.name
+    tree = ast.parse((CORE / "rules.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names} | {
+        n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "registry" not in imported
+    assert not [n for n in ast.walk(ast.parse((CORE / "registry.py").read_text())) if isinstance(n, ast.Global)]
+    for point in Point:  # one context object per point: a frozen dataclass
+        params = point.context.__dataclass_params__
+        assert params.frozen and "reasons" in {f.name for f in dataclasses.fields(point.context)}, point
+    with pytest.raises(AssertionError):  # a point is given its own context type only
+        registry.DEFAULT.in_force().call(Point.ROOM, Unreadable(errors.Reasons(), "f", "t"))
+    other = Registry(registry.RULES[:1], registry.MALFORMED)  # S1 alone
+    job = trainjob(env=[{"name": "DISPATCH_X", "value": "1"}])
+    assert not answer(admission(), job)["allowed"]
+    assert answer(Admission(settings(), stock_runtimes(), clock=lambda: NOW, registry=other), job)["allowed"]
+    assert other.find("malformed") is registry.MALFORMED and other.find("S3") is None
 
 
 def test_a_reason_is_made_through_its_rule_with_its_id_and_sentinel():
-    r1 = registry.rule("R1")
+    r1 = registry.DEFAULT.rule("R1")
     assert r1.refuse("spec.runtimeRef.kind", "x") == errors.Reason(r1.sentinel, "spec.runtimeRef.kind", "x", "R1")
     assert r1.refuse("spec.runtimeRef", "required", sentinel=errors.ErrInvalid).sentinel is errors.ErrInvalid
     with pytest.raises(ValueError):
-        registry.rule("S3").refuse("spec.trainer.env[0].name", "x", sentinel=errors.ErrNotFound)
+        registry.DEFAULT.rule("S3").refuse("spec.trainer.env[0].name", "x", sentinel=errors.ErrNotFound)
 
 
 def test_a_malformed_object_has_an_id_of_its_own_that_cannot_be_switched_off():
@@ -74,9 +89,9 @@ def test_a_malformed_object_has_an_id_of_its_own_that_cannot_be_switched_off():
     assert ("malformed", "spec.runtimePatches[0].trainingRuntimeSpec") in [(r.rule, r.field) for r in outcome.reasons]
     assert "S2" not in {r.rule for r in outcome.reasons}  # no longer counted as a mount under /opt/dispatch
     with pytest.raises(KeyError):
-        with registry.switched_off("malformed"):
+        with registry.DEFAULT.switched_off("malformed"):
             pass
-    with registry.switched_off(*registry.BY_ID):  # every rule off: what cannot be read is still refused
+    with registry.DEFAULT.switched_off(*registry.DEFAULT.by_id):  # every rule off: what cannot be read is still refused
         _, outcome = admission().review(review(job), "validate")
         assert [r.rule for r in outcome.reasons] == ["malformed"]
 
@@ -84,17 +99,17 @@ def test_a_malformed_object_has_an_id_of_its_own_that_cannot_be_switched_off():
 def test_a_rule_switched_off_gives_no_reason_and_comes_back():
     job = trainjob(env=[{"name": "DISPATCH_X", "value": "1"}, {"name": "PET_NNODES", "value": "2"}])
     assert sentinels(answer(admission(), job)) == ["ErrInvalid", "ErrInvalid"]
-    with registry.switched_off("S3"):
+    with registry.DEFAULT.switched_off("S3"):
         resp = answer(admission(), job)
         assert [c["field"] for c in resp["status"]["details"]["causes"]] == ["spec.trainer.env[1].name"]  # R7 only
-        with registry.switched_off("R7"):
+        with registry.DEFAULT.switched_off("R7"):
             assert answer(admission(), job)["allowed"]
     assert len(sentinels(answer(admission(), job))) == 2
 
 
 def test_switching_off_an_unknown_rule_is_an_error():
     with pytest.raises(KeyError):
-        with registry.switched_off("S9"):
+        with registry.DEFAULT.switched_off("S9"):
             pass
 
 
@@ -105,4 +120,5 @@ def test_each_rules_sentinel_is_the_one_its_refusals_carry():
     adm.runtimes.put(runtime("no-node", jobs={"w": {"containers": [{"name": "trainer"}]}}))
     for rule_id, job in cases.items():
         _, outcome = adm.review(review(job), "validate")
-        assert {r.sentinel for r in outcome.reasons if r.rule == rule_id} == {registry.rule(rule_id).sentinel}, rule_id
+        want = registry.DEFAULT.rule(rule_id).sentinel
+        assert {r.sentinel for r in outcome.reasons if r.rule == rule_id} == {want}, rule_id

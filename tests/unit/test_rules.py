@@ -328,6 +328,80 @@ def test_r5_trainers_stock_torchtune_runtime(credential, fragment):
     assert fragment in st["message"], st["message"]
 
 
+def route2_runtime(**mounts: list[str]) -> dict:
+    """A route-2 runtime (its `node` job has the init container `dispatch-publish` that ROUTE2 names) whose
+    containers mount the volumes given by name ({container: [volume, ...]}; `init` is the init container)."""
+    def mounting(name: str) -> list[dict]:
+        return [{"name": v, "mountPath": f"/x/{i}"} for i, v in enumerate(mounts.get(name, []))]
+
+    pod = {"initContainers": [{"name": "dispatch-publish", "volumeMounts": mounting("init")}],
+           "containers": [{"name": "node", "volumeMounts": mounting("node")},
+                          {"name": "sidecar", "volumeMounts": mounting("sidecar")}]}
+    return runtime(jobs={"trainer": pod})
+
+
+def test_r5_a_sidecar_mounting_the_publish_volume_by_name():
+    """SPEC 5 R5: after the merge the sidecar would mount the entry's emptyDir read-write and could write over
+    the copied binary; the runtime defines no such volume, so only the mount by name says it."""
+    rt = route2_runtime(sidecar=["dispatch-publish"])
+    rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][1][
+        "volumeMounts"][0]["mountPath"] = "/x"
+    st = denied(answer(admission(ROUTE2, runtimes=RuntimeIndex([rt])), trainjob()), 403, "ErrUnsupported")
+    [cause] = st["details"]["causes"]
+    assert cause["field"] == "spec.runtimeRef"
+    assert "unmount 'dispatch-publish' from job 'trainer' container 'sidecar'" in cause["message"]
+    denied(answer(admission(ROUTE1, runtimes=RuntimeIndex([rt])), trainjob()), 403, "ErrUnsupported")
+
+
+def test_r5_a_sidecar_mount_is_seen_beside_a_runtime_alike_in_every_other_name():
+    """Jobs alike in every field are shared (runtimes.\_interned): one that differs only in what its sidecar mounts
+    by name is another job. (Keyed by some of the fields, the second runtime took the first's clean job.)"""
+    clean = RuntimeIndex([route2_runtime(sidecar=["scratch"])])
+    assert answer(admission(ROUTE2, runtimes=clean), trainjob())["allowed"]
+    mounting = RuntimeIndex([route2_runtime(sidecar=["dispatch-publish"])])
+    denied(answer(admission(ROUTE2, runtimes=mounting), trainjob()), 403, "ErrUnsupported")
+    assert answer(admission(ROUTE2, runtimes=clean), trainjob())["allowed"]
+
+
+@pytest.mark.parametrize("container", ["node", "sidecar", "init"])
+def test_r5_a_container_mounting_a_credentials_volume_by_name(container):
+    """SPEC 5 R5: the credential would reach a container not named `node` (or be mounted twice on `node`)."""
+    rts = RuntimeIndex([route2_runtime(**{container: ["scratch", "checkpoint-store"]})])
+    st = denied(answer(admission({**ROUTE2, **CREDS}, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    [cause] = st["details"]["causes"]
+    what = "init container 'dispatch-publish'" if container == "init" else f"container {container!r}"
+    assert f"unmount 'checkpoint-store' from job 'trainer' {what}" in cause["message"], cause["message"]
+    assert answer(admission(ROUTE2, runtimes=rts), trainjob())["allowed"], "no such credential: any name is fine"
+
+
+def test_r5_route2s_own_init_container_gets_its_mount_from_the_entry_only():
+    """SPEC 5 R5: the init container publish.initContainer names, not mounting dispatch-publish, is what route 2
+    needs; one that mounts it in the runtime is refused like any other container."""
+    assert answer(admission(ROUTE2, runtimes=RuntimeIndex([route2_runtime(init=["scratch"])])), trainjob())["allowed"]
+    rts = RuntimeIndex([route2_runtime(init=["dispatch-publish"])])
+    st = denied(answer(admission(ROUTE2, runtimes=rts), trainjob()), 403, "ErrUnsupported")
+    assert "init container 'dispatch-publish'" in st["message"], st["message"]
+
+
+def test_r5_mounts_by_name_are_judged_wherever_the_runtime_is_judged():
+    """The same facts serve the runtime warnings (SPEC 8.3), the audit's cannot-carry (8.2) and the stored form
+    the workers read (webhook.kube.store)."""
+    from tests.unit.test_rollout import runtime_review
+    from webhook.core.audit import Verdict, judge_runtime
+    from webhook.core.runtimes import Runtime
+
+    rt = route2_runtime(sidecar=["dispatch-publish"])
+    adm = admission(ROUTE2)
+    warnings = adm.review(runtime_review(rt), "runtimes")[0]["response"]["warnings"]
+    assert [w.split(":")[0] for w in warnings] == ["R5"] and "'sidecar'" in warnings[0] and len(warnings[0]) <= 120
+    finding = judge_runtime(adm, rt)
+    assert finding.verdict is Verdict.CANNOT_CARRY and [r.rule for r in finding.causes] == ["R5"]
+    taken = Runtime.of(rt)
+    stored = Runtime.from_bytes(taken.to_bytes())
+    assert stored == taken and stored.jobs[0].mounters == taken.jobs[0].mounters
+    assert [(m.name, m.init, m.volumes) for m in stored.jobs[0].mounters] == [("sidecar", False, ("dispatch-publish",))]
+
+
 def test_r5_too_large_to_check_says_which_bound():
     from webhook.core.runtimes import MAX_JOBS, MAX_STORED_BYTES
 
@@ -411,7 +485,7 @@ def test_a_runtime_is_taken_as_what_the_rules_read_of_it():
 
     from tests.e2e import toolchain
     from tests.helpers import EXAMPLES, runtime, settings
-    from webhook.core.rules import runtime_facts
+    from webhook.core.registry import runtime_facts
     from webhook.core.runtimes import MAX_NAMES, Runtime
 
     found = [d for f in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]

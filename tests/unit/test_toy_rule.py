@@ -1,14 +1,17 @@
 """Adding a rule is one registry entry (a `Rule` with its hook) plus its tests: the proof.
 
 A toy rule, R99, refusing a `spec.trainer.env` name `TOY_FORBIDDEN`, is registered through the public API
-(`registry.registered`, which adds it for the length of a `with` and removes it after) and, with no other
+(`registry.DEFAULT.registered`, which adds it for the length of a `with` and removes it after) and, with no other
 edit anywhere, is
 - enforced: `/validate` denies with its sentinel, its field and its id;
 - counted: in `warn`, the review's `would_deny` carries it, and the metrics' counting path
   (`metrics.count_would_deny`, what the server calls) counts it in `dispatch_admission_would_deny_total`;
 - audited: the core audit's finding is a `violation` naming it, and the `audit` command's report lists it;
 - documented: the rules reference page that `tools/gen_docs.py` renders has a row and a section for it;
-- switched off by the sweep's off-switch (`registry.switched_off`, what `--rule-off` uses): then allowed.
+- switched off by the sweep's off-switch (`registry.DEFAULT.switched_off`, what `--rule-off` uses): then allowed.
+
+A second, R98 ("refuse hostPath volumes in node containers' runtime"), is one hook at `Point.RUNTIME_MOUNT`:
+the runtime's stored facts keep each container's mounts by volume name and each volume's source.
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from tests.helpers import ROOT, admission, answer, mutated, review, settings, stock_runtimes, trainjob
+from tests.helpers import ROOT, admission, answer, mutated, review, runtime, settings, stock_runtimes, trainjob
 from webhook.commands.audit import Report
 from webhook.core import audit, registry
 from webhook.core.admission import Admission, Enforcement
-from webhook.core.errors import ErrInvalid, Reasons
-from webhook.core.rule import Point, Rule
-from webhook.core.settings import Settings
+from webhook.core.errors import ErrInvalid, ErrUnsupported
+from webhook.core.rule import Point, Rule, RuntimeMount, TrainerEnv
 from webhook.process import metrics
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -35,9 +37,9 @@ FORBIDDEN = "TOY_FORBIDDEN"
 FIELD = "spec.trainer.env[1].name"
 
 
-def _forbid(rule: Rule, reasons: Reasons, settings: Settings, field: str, name: str) -> None:
-    if name == FORBIDDEN:
-        reasons.append(rule.refuse(field, f"{name!r} is forbidden by a toy rule"))
+def _forbid(rule: Rule, c: TrainerEnv) -> None:
+    if c.name == FORBIDDEN:
+        c.reasons.append(rule.refuse(c.field, f"{c.name!r} is forbidden by a toy rule"))
 
 
 TOY = Rule("R99", "none (a test's toy)", ErrInvalid, f"a `spec.trainer.env` name `{FORBIDDEN}`",
@@ -54,8 +56,8 @@ def _job() -> dict:
 def test_a_toy_rule_registered_is_enforced_counted_audited_documented_and_switched_off():
     job = _job()
     assert answer(admission(), job, "validate")["allowed"], "allowed before the toy rule is registered"
-    with registry.registered(TOY):
-        assert registry.rule("R99") is TOY and registry.RULES[-1] is TOY
+    with registry.DEFAULT.registered(TOY):
+        assert registry.DEFAULT.rule("R99") is TOY and registry.DEFAULT.rules[-1] is TOY
 
         # enforced by /validate, with its sentinel, field and id
         resp = answer(admission(), job, "validate")
@@ -95,19 +97,76 @@ def test_a_toy_rule_registered_is_enforced_counted_audited_documented_and_switch
         assert "checked in `rules.scan`: each `spec.trainer.env` name." in page
 
         # switched off by the sweep's off-switch: allowed
-        with registry.switched_off("R99"):
+        with registry.DEFAULT.switched_off("R99"):
             assert answer(admission(), job, "validate")["allowed"]
         assert not answer(admission(), job, "validate")["allowed"], "back on after the off-switch"
-    assert "R99" not in registry.BY_ID and TOY not in registry.RULES
+    assert "R99" not in registry.DEFAULT.by_id and TOY not in registry.DEFAULT.rules
     assert answer(admission(), job, "validate")["allowed"], "gone once unregistered"
     assert "R99" not in gen_docs.errors_page()
 
 
 def test_a_rule_id_cannot_be_registered_twice():
-    with registry.registered(TOY):
+    with registry.DEFAULT.registered(TOY):
         try:
-            with registry.registered(Rule("R99", "x", ErrInvalid, "x", ("x",))):
+            with registry.DEFAULT.registered(Rule("R99", "x", ErrInvalid, "x", ("x",))):
                 raise AssertionError("a second R99 was registered")
         except ValueError as e:
             assert "R99" in str(e)
-    assert "R99" not in registry.BY_ID
+    assert "R99" not in registry.DEFAULT.by_id
+
+
+# ---- R98: a runtime rule, one hook, no other edit ----
+
+
+def _no_host_path(rule: Rule, c: RuntimeMount) -> None:
+    if c.target and c.container.name == "node" and not c.container.init and c.source == "hostPath":
+        c.reasons.append(rule.refuse("spec.runtimeRef", f"{c.runtime}: job {c.job.name!r} container 'node' mounts"
+                                                        f" hostPath volume {c.volume!r}", subject=str(c.runtime)))
+
+
+HOST_PATH = Rule("R98", "none (a test's toy)", ErrUnsupported,
+                 "a hostPath volume mounted by a target job's `node` container in the runtime",
+                 ("runtime: the volumes each container mounts, and their sources",),
+                 hooks={Point.RUNTIME_MOUNT: _no_host_path})
+
+
+def _host_path_runtimes():
+    """Stock runtimes, one whose `node` container mounts a hostPath volume, one whose sidecar does."""
+    rts = stock_runtimes()
+    for name, container in (("host-node", "node"), ("host-sidecar", "sidecar")):
+        rts.put(runtime(name, jobs={"node": {
+            "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "host", "hostPath": {"path": "/var/lib/x"}}],
+            "containers": [{"name": "node", "volumeMounts": [{"name": "scratch", "mountPath": "/s"}]}] * (
+                container != "node") + [{"name": container, "volumeMounts": [
+                    {"name": "scratch", "mountPath": "/s"}, {"name": "host", "mountPath": "/h"}]}]}}))
+    return rts
+
+
+def test_a_runtime_rule_with_one_hook_is_enforced_counted_audited_documented_and_switched_off():
+    rts = _host_path_runtimes()
+    job, fine = trainjob(runtime_name="host-node"), trainjob(runtime_name="host-sidecar")
+    assert answer(admission(runtimes=rts), job, "validate")["allowed"] is False, "S5 first: the job lacks the entry"
+    assert answer(admission(runtimes=rts), job)["allowed"], "allowed before the rule is registered"
+    with registry.DEFAULT.registered(HOST_PATH):
+        resp = answer(admission(runtimes=rts), job)
+        assert not resp["allowed"] and resp["status"]["code"] == 403
+        [cause] = resp["status"]["details"]["causes"]
+        assert cause["field"] == "spec.runtimeRef" and "mounts hostPath volume 'host'" in cause["message"]
+        assert answer(admission(runtimes=rts), fine)["allowed"], "a sidecar's hostPath is not the rule's"
+
+        warn = Admission(settings(), rts, enforcement=Enforcement.WARN)
+        _, outcome = warn.review(review(job), "validate")
+        assert outcome.allowed and ("ErrUnsupported", "R98") in outcome.would_deny
+
+        adm = admission(runtimes=rts)
+        found = audit.judge_runtime(adm, rts.get("ClusterTrainingRuntime", "", "host-node"))
+        assert found.verdict is audit.Verdict.CANNOT_CARRY and [r.rule for r in found.causes] == ["R98"]
+        assert audit.judge_trainjob(adm, job).verdict is audit.Verdict.VIOLATION
+
+        page = gen_docs.errors_page()
+        assert "| [R98](#r98) | ErrUnsupported | none (a test's toy) |" in page
+        assert f"checked in {Point.RUNTIME_MOUNT.where}." in page
+
+        with registry.DEFAULT.switched_off("R98"):
+            assert answer(admission(runtimes=rts), job)["allowed"]
+    assert answer(admission(runtimes=rts), job)["allowed"] and "R98" not in gen_docs.errors_page()

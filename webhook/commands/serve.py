@@ -171,7 +171,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 def _runtime_source(config: ServeConfig, current: Callable[[], Settings], store_directory: str | None) -> RuntimeSource:
     """Runtimes from files, or from the pod's cache (the keeper's store); either way, each runtime's readiness
     is exported, judged at scrape time with the settings in use (`current`)."""
-    from ..core.rules import runtime_facts
+    from ..core.registry import runtime_facts
 
     def can_carry(runtime) -> bool:
         try:

@@ -33,7 +33,7 @@ from ..core import verify_causes as causes
 from ..core import verify_cleanup as leftovers
 from ..core import verify_report as report
 from ..core.patch import Entry, entry_secrets
-from ..core.rules import runtime_facts
+from ..core.registry import runtime_facts
 from ..core.runtimes import CLUSTER_KIND, KINDS, NAMESPACED_KIND, PLURALS
 from ..core.settings import DEFAULT_MANAGER, Settings
 from .verify_cleanup import sweep_before_run

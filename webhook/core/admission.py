@@ -1,10 +1,8 @@
 """The admission decision (SPEC 5, 6 and 8), as controller-runtime separates its Defaulter from its Validator.
 
-A review is read once into a frozen `Plan`: the operation and its stage (SPEC 6.3), the entries found,
-the entry the settings produce for the named runtime, and every reason the rules give, each walk made
-once. Two small functions read the plan: `mutation` (operations, warnings, and the reasons that stop
-it) and `validation` (reasons and warnings). The enforcement mode (SPEC 8.1) is applied after either,
-in one place: in `warn` what `enforce` would deny becomes warnings.
+A review is read once into a frozen `Plan` (its stage, the entries found, the entry the settings produce for
+the named runtime, every reason the rules in force give: those of the `rule.Registry` it is handed), which
+`mutation` and `validation` read; the enforcement mode (SPEC 8.1) is applied after either, in one place.
 
 An UPDATE is ratcheted (SPEC 6.3): the old object is judged the same way, and only the reasons it does
 not already give refuse; the runtime is read only when the update changes what the runtime rules read.
@@ -21,7 +19,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple, TypeVar
 
-from . import patch, registry, rules
+from . import patch, rules
 from .decision import (
     MUTATE,
     RUNTIMES,
@@ -41,8 +39,9 @@ from .decision import (
 )
 from .errors import RULE_INTERNAL, RULE_UNAVAILABLE, ErrInternal, ErrUnavailable, Reason, Reasons
 from .patch import Entry
+from .registry import DEFAULT, S4
 from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_text
-from .rule import Checks
+from .rule import Checks, Lookup, Point, Registry
 from .runtimes import (
     GROUP,
     KINDS,
@@ -103,14 +102,14 @@ def _target(req: AdmissionRequest, resources: tuple[str, ...]) -> str | None:
     return None
 
 
-def _guarded(reasons: Reasons, check: Callable[..., T], *args: Any) -> T | None:
+def _guarded(checks: Checks, reasons: Reasons, check: Callable[..., T], *args: Any) -> T | None:
     """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
     try:
         return check(*args)
     except WouldBlock:
         raise  # not a fault: the review is answered again where blocking is allowed
-    except RecursionError:  # an object nested deeper than can be walked: the sender's fault
-        reasons.append(registry.MALFORMED.refuse("(object)", "nested too deeply"))
+    except RecursionError:
+        rules.too_deep(reasons, checks)
     except Exception:
         log.exception("internal error while checking")
         reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
@@ -161,9 +160,10 @@ class Admission:
                  enforcement: Enforcement = Enforcement.ENFORCE,
                  refresh: Callable[[], Settings | None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic, grace: float = PREVIOUS_SETTINGS_GRACE,
-                 checks: Checks | None = None):
+                 registry: Registry = DEFAULT):
         self.runtimes = runtimes
-        self.checks = checks or registry.in_force()  # the rules in force, for every review it decides
+        self.registry = registry
+        self.checks = registry.in_force()  # the rules in force, for every review it decides
         self.grace = grace  # serve --previous-settings-grace; 0: a digest switched away from is refused at once
         self.clock = patch.Clock(clock)
         self.enforcement = Enforcement(enforcement)
@@ -228,7 +228,7 @@ class Admission:
         except (BadReview, WouldBlock):
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
-            decision = Decision(reasons=(registry.MALFORMED.refuse("(object)", "nested too deeply"),))
+            decision = Decision(reasons=tuple(rules.too_deep(Reasons(), self.checks)))
         except Exception:  # a fault of ours: deny (never admit unchecked), and say so
             log.exception("internal error reviewing uid=%s", uid)
             decision = Decision(reasons=(Reason(ErrInternal, "(webhook)",
@@ -244,7 +244,7 @@ class Admission:
 
     def _refreshed(self, decision: Decision) -> bool:
         """Before an S4 refusal: read the settings once more, and switch when they changed (SPEC 2.1)."""
-        if self.refresh is None or not any(r.rule == registry.S4.id for r in decision.reasons):
+        if self.refresh is None or not any(r.rule == S4.id for r in decision.reasons):
             return False
         fresh = self.refresh()
         return fresh is not None and self.switch(fresh)
@@ -278,24 +278,23 @@ class Admission:
         value = obj.get("spec")
         if value.__class__ is dict:
             return value, value
-        return value, rules.Walk(reasons).obj(value, "spec") or {}
+        return value, rules.Walk(reasons, self.checks).obj(value, "spec") or {}
 
     def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any]) -> Plan:
         settings = live.settings
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(reasons, rules.scan, spec, settings, reasons, self.checks) or rules.Scan(0, True, None, ())
+        found = _guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
         runtime_reasons = Reasons()
-        got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
+        got = _guarded(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
                        runtime_reasons, {})
         entry, previous = got if got else (None, None)
         reasons.extend(runtime_reasons)
         if previous is not None and self.monotonic() >= live.previous_until:
             previous = None
         return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.CREATE, settings=settings,
-                    checks=self.checks,
-                    spec=spec_value, count=found.count, readable=found.readable, own=found.own, entry=entry,
-                    previous=previous, clock=self.clock.stamp, reasons=tuple(reasons),
+                    checks=self.checks, spec=spec_value, count=found.count, readable=found.readable,
+                    own=found.own, entry=entry, previous=previous, clock=self.clock.stamp, reasons=tuple(reasons),
                     runtime_reasons=tuple(runtime_reasons))
 
     def _plan_update(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any],
@@ -312,32 +311,31 @@ class Admission:
             own = old_own
             count = len(old_spec["runtimePatches"]) if isinstance(old_spec.get("runtimePatches"), list) else 0
             return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
-                        checks=self.checks,
-                        spec=spec_value, count=count, own=own, old_own=old_own, clock=self.clock.stamp)
+                        checks=self.checks, spec=spec_value, count=count, own=own, old_own=old_own,
+                        clock=self.clock.stamp)
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(reasons, rules.scan, spec, settings, reasons, self.checks) or rules.Scan(0, True, None, ())
+        found = _guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
         before = Reasons()
         self._spec(old, before)
-        old_found = _guarded(before, rules.scan, old_spec, settings, before, self.checks) or \
-            rules.Scan(0, True, None, ())
+        old_found = _guarded(self.checks, before, rules.scan, old_spec, settings, before, self.checks) or rules.NO_SCAN
         runtime_reasons = Reasons()
         entry = None
         if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
             lookups: dict[RuntimeRef, _Lookup] = {}  # one read per runtime named, shared by both objects
-            got = _guarded(runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
+            got = _guarded(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
                            runtime_reasons, lookups)
             entry = got[0] if got else None
             reasons.extend(runtime_reasons)
             old_runtime = Reasons()
-            _guarded(old_runtime, self._runtime_rules, live, old_spec, namespace, old_found.env, before, old_runtime,
-                     lookups)
+            _guarded(self.checks, old_runtime, self._runtime_rules, live, old_spec, namespace, old_found.env, before,
+                     old_runtime, lookups)
             before.extend(old_runtime)
         new = ratchet(reasons, spec, before, old_spec)
         return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
-                    checks=self.checks,
-                    spec=spec_value, count=found.count, readable=found.readable, own=found.own, old_own=old_own,
-                    entry=entry, clock=self.clock.stamp, reasons=tuple(new), runtime_reasons=tuple(runtime_reasons))
+                    checks=self.checks, spec=spec_value, count=found.count, readable=found.readable,
+                    own=found.own, old_own=old_own, entry=entry, clock=self.clock.stamp, reasons=tuple(new),
+                    runtime_reasons=tuple(runtime_reasons))
 
     def _lookup(self, ref: RuntimeRef, lookups: dict[RuntimeRef, _Lookup]) -> _Lookup:
         """R2 and availability: the runtime `ref` names, read once per review."""
@@ -351,8 +349,7 @@ class Admission:
                 reasons.add(ErrUnavailable, "spec.runtimeRef", f"{ref} cannot be read now ({e}); retry later",
                             RULE_UNAVAILABLE)
             else:
-                if runtime is None:
-                    rules.not_found(ref, reasons, self.checks)
+                self.checks.call(Point.RUNTIME_LOOKUP, Lookup(reasons, ref, runtime))
             found = lookups[ref] = _Lookup(runtime, tuple(reasons))
         return found
 

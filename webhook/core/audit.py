@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from . import registry, rules
+from . import rules
 from .admission import Admission
 from .errors import ErrNotFound, Reason, Reasons
 from .patch import entry_secrets
@@ -64,9 +64,9 @@ def judge_runtime(admission: Admission, runtime: Runtime | dict[str, Any]) -> Fi
     return Finding(runtime.kind, runtime.namespace, runtime.name, verdict, facts.reasons)
 
 
-def _verdict_of(reason: Reason) -> Verdict:
+def _verdict_of(admission: Admission, reason: Reason) -> Verdict:
     """What the rule that gave `reason` makes of a TrainJob (`Rule.verdict`: R2's is `runtime-missing`)."""
-    rule = registry.find(reason.rule)
+    rule = admission.registry.find(reason.rule)
     return Verdict(rule.verdict) if rule is not None else Verdict.VIOLATION
 
 
@@ -79,7 +79,7 @@ def judge_trainjob(admission: Admission, trainjob: dict[str, Any]) -> Finding:
     causes = Reasons(plan.reasons)
     if plan.own is None and plan.configured and plan.entry is not None:
         rules.room_for_entry(plan.count, causes, plan.checks)  # R8: the entry would not fit
-    if any(_verdict_of(r) is Verdict.RUNTIME_MISSING for r in causes):
+    if any(_verdict_of(admission, r) is Verdict.RUNTIME_MISSING for r in causes):
         verdict = Verdict.RUNTIME_MISSING
     elif causes:
         verdict = Verdict.VIOLATION

@@ -11,16 +11,15 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
-from . import patch, registry, rules
+from . import patch, rules
 from .errors import Reason, Reasons, Sentinel, primary
 from .patch import Entry, Op
 from .review import short_reason
-from .rule import Checks
-from .rules import Own
+from .rule import Checks, EntryUpdate, Own, OwnEntry, Point
 from .settings import ROUTE_INIT_CONTAINER, Settings
 
 
@@ -61,7 +60,7 @@ class Plan:
     name: str
     stage: Stage
     settings: Settings
-    checks: Checks = field(default_factory=registry.in_force)  # the rules in force
+    checks: Checks                       # the rules in force
     spec: Any = None                     # the new spec as sent (the patch's paths are computed from it)
     count: int = 0                       # runtimePatches entries
     readable: bool = True                # runtimePatches absent or a list
@@ -149,7 +148,7 @@ def mutation(p: Plan) -> Decision:
                 ops.append(patch.remove_op(p.own.index))
                 warnings.append(W_REMOVED)
         elif p.own is None:
-            if p.entry is not None and rules.room_for_entry(p.count, reasons, p.checks):  # R8
+            if p.entry is not None and rules.room_for_entry(p.count, reasons, p.checks):
                 ops.append(patch.append_op(p.spec, p.entry.json(p.clock())))
         elif p.entry is not None and not p.entry.matches(p.own.entry):
             ops.append(patch.replace_op(p.own.index, p.entry.json(p.clock())))  # nobody may pre-seed the mount
@@ -163,10 +162,10 @@ def mutation(p: Plan) -> Decision:
                 ops.append(patch.insert_op(p.spec, p.old_own.index, json.dumps(p.old_own.entry)))
                 warnings.append(W_PUT_BACK)
         else:
-            _immutable(p, reasons)
+            _updated(p, reasons)
     else:  # NO_ENTRY: never added on an update
         if p.own is not None:
-            _s4_added(p, reasons)
+            _own_entry_added(p, reasons)
         elif p.configured and not reasons:
             warnings.append(W_NO_ENTRY)
     return Decision(tuple(ops), tuple(warnings), tuple(reasons))
@@ -180,71 +179,37 @@ def validation(p: Plan, *, warn: bool = False) -> Decision:
         return Decision()
     reasons = Reasons(p.reasons)
     if p.stage is Stage.CREATE:
-        if not p.configured:
-            if p.own is not None:
-                reasons.extend(_s4_unconfigured(p))
-        elif p.own is None:
-            kept_out = mutation(p).reasons if warn else ()
-            if kept_out:
-                reasons.extend(kept_out)
-            elif p.readable and p.checks.on(registry.S5):  # a runtimePatches that is no list is already a reason
-                reasons.append(registry.S5.refuse(
-                    "spec.runtimePatches",
-                    f"the dispatch-admission mutating webhook was bypassed: no entry of manager {p.manager!r}"))
-        elif p.entry is not None and not p.entry.matches(p.own.entry) and \
-                not (p.previous is not None and p.previous.matches(p.own.entry)):  # SPEC 2.1's grace
-            _s4(p, reasons)
+        kept_out = mutation(p).reasons if warn and p.configured and p.own is None else ()
+        if kept_out:
+            reasons.extend(kept_out)
+        elif p.own is None or not p.configured or p.entry is not None:  # else why no entry is said already
+            _own_entry(p, reasons, create=True)
     elif p.stage is Stage.KEEP:
-        if p.own is None:
-            if p.checks.on(registry.UPDATE):
-                reasons.append(registry.UPDATE.refuse(
-                    "spec.runtimePatches",
-                    f"the entry of manager {p.manager!r} was removed; it is immutable once written"))
-        else:
-            _immutable(p, reasons)
+        _updated(p, reasons)
     elif p.own is not None:
-        _s4_added(p, reasons)
+        _own_entry_added(p, reasons)
     return Decision(reasons=tuple(reasons))
 
 
-def _immutable(p: Plan, reasons: Reasons) -> None:
-    """The entry once written is never rewritten (Trainer's CRD makes it immutable); a stale one is kept
-    as it is, unsaid (SPEC 6.3: `audit` reports it)."""
-    assert p.own is not None and p.old_own is not None  # KEEP, and the new object holds the entry too
-    if p.checks.on(registry.UPDATE) and not patch.same(p.own.entry, p.old_own.entry):
-        reasons.append(registry.UPDATE.refuse(
-            f"spec.runtimePatches[{p.own.index}]",
-            f"the entry of manager {p.manager!r} is immutable once written; recreate the TrainJob to change it"))
+def _own_entry(p: Plan, reasons: Reasons, *, create: bool) -> None:
+    """The hooks at `Point.OWN_ENTRY` (S4, S5) on the entry in the object."""
+    p.checks.call(Point.OWN_ENTRY, OwnEntry(p.settings, reasons, p.own, p.entry, p.previous if create else None,
+                                            create, p.readable))
 
 
-def _s4_added(p: Plan, reasons: Reasons) -> None:
-    """An entry of the webhook's manager that an update brings to a job created without one: judged by S4."""
-    assert p.own is not None
-    if not p.configured:
-        reasons.extend(_s4_unconfigured(p))
-    elif p.entry is None:
-        reasons.extend(p.runtime_reasons)  # no entry could be computed: say why (or S4 below, if nothing does)
-        if not p.runtime_reasons:
-            _s4(p, reasons)
-    elif not p.entry.matches(p.own.entry):
-        _s4(p, reasons)
+def _updated(p: Plan, reasons: Reasons) -> None:
+    """The hooks at `Point.ENTRY_UPDATE` (SPEC 6.3): the entry, once written, is neither changed nor removed."""
+    assert p.old_own is not None  # KEEP: the old object holds the entry
+    p.checks.call(Point.ENTRY_UPDATE, EntryUpdate(p.settings, reasons, p.own, p.old_own))
 
 
-def _s4(p: Plan, reasons: Reasons) -> None:
-    assert p.own is not None
-    if p.checks.on(registry.S4):
-        reasons.append(registry.S4.refuse(
-            f"spec.runtimePatches[{p.own.index}]",
-            f"the entry of manager {p.manager!r} differs from what the webhook's settings produce"))
-
-
-def _s4_unconfigured(p: Plan) -> list[Reason]:
-    assert p.own is not None
-    if not p.checks.on(registry.S4):
-        return []
-    return [registry.S4.refuse(f"spec.runtimePatches[{p.own.index}]",
-                               f"an entry of manager {p.manager!r} is not allowed: this webhook has no publish or"
-                               " credentials configured")]
+def _own_entry_added(p: Plan, reasons: Reasons) -> None:
+    """An entry of the webhook's manager that an update brings to a job created without one: judged by S4,
+    unless no entry could be computed for a reason that says why (ratcheted away from `p.reasons`)."""
+    if p.configured and p.entry is None and p.runtime_reasons:
+        reasons.extend(p.runtime_reasons)
+    else:
+        _own_entry(p, reasons, create=False)
 
 
 def _route2(settings: Settings) -> bool:

@@ -19,7 +19,7 @@ import jsonpatch
 from jsonpointer import JsonPointer
 
 from . import paths
-from .registry import NODE_CONTAINER
+from .runtimes import NODE as NODE_CONTAINER
 from .settings import PUBLISH_VOLUME, ROUTE_IMAGE_VOLUME, Settings
 
 PUBLISH_DEST_ENV = "DISPATCH_PUBLISH_DEST"

@@ -1,32 +1,46 @@
-"""The rules, by id (SPEC 5 and 6.3): one `Rule` object each, holding its checks; the one list of rules.
+"""The rules, by id (SPEC 5 and 6.3): one `Rule` object each, holding its hooks; the one list of rules.
 
-Every reason the core gives is made through the rule that found it (`Rule.refuse`), so its id (the
-`dispatch_admission_would_deny_total{rule}` label, the audit's causes) and its sentinel are the rule's.
-A rule's checks are hooks the walks call (`rule.Point`): `rules.scan` walks a TrainJob once,
-`rules.runtime_facts` a runtime once per settings. The checks that depend on the review's stage (the
-webhook's own entry, updates, the lookup, room for the entry) are in the functions `Rule.checked_in` names.
-The plans, the audit, the metrics' label and the docs read this table.
+Every reason the core gives is made by a hook, through the rule that found it (`Rule.refuse`), so its id
+(the `dispatch_admission_would_deny_total{rule}` label, the audit's causes) and its sentinel are the rule's.
+A rule's checks are hooks at typed points (`rule.Point`), each given one context object: `rules.scan` walks
+a TrainJob once, `rules.runtime_facts` a runtime once per settings, and the review calls the stage points
+(the runtime reference and lookup, the webhook's own entry, an update of it, room for it).
+The plans, the audit, the metrics' label and the docs read the registry (`DEFAULT`, a `rule.Registry`).
 
 Adding a rule: one `Rule` here with its hooks, and tests marked for it (`test_<id>_...` or
-`@pytest.mark.rules("<id>")`); CONTRIBUTING.md says it step by step. `registered(rule)` adds one for a
-while (tests/unit/test_toy_rule.py), and `switched_off(id)` removes one for a while (the sweep): both change
-what `in_force()` gives a walk built after them; no reason is filtered after it is made.
+`@pytest.mark.rules("<id>")`); CONTRIBUTING.md says it step by step. `DEFAULT.registered(rule)` adds one for
+a while (tests/unit/test_toy_rule.py), and `DEFAULT.switched_off(id)` removes one for a while (the sweep):
+both change what `in_force()` gives an `Admission` built after them; no reason is filtered after it is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from . import errors, paths
-from .errors import ErrInvalid, ErrNotFound, ErrUnsupported, Reasons
-from .rule import Checks, Point, Rule
-from .runtimes import Job, Runtime, RuntimeFacts, RuntimeRef
+from . import errors, paths, rules
+from .errors import ErrInvalid, ErrNotFound, ErrUnsupported
+from .patch import same as patch_same
+from .rule import (
+    AgainstRuntime,
+    EntryUpdate,
+    InEntry,
+    Lookup,
+    OfRuntime,
+    OwnEntry,
+    Point,
+    RefGiven,
+    Registry,
+    Room,
+    Rule,
+    RuntimeMount,
+    TrainerEnv,
+    Unreadable,
+)
+from .rules import MAX_RUNTIME_PATCHES
+from .rules import NODE_CONTAINER as NODE_CONTAINER  # re-exported: verify reads it from here
+from .runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, Runtime, RuntimeFacts
 from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
-NODE_CONTAINER = "node"
-MAX_RUNTIME_PATCHES = 16
 RESERVED_ENV_PREFIX = "DISPATCH_"
 TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 # The mlPolicy sources that read numProcPerNode: processes per node, MPI slots, Flux tasks (R6).
@@ -49,82 +63,156 @@ def _is_reserved_env(name: object) -> bool:
 # ---- S1, S2, S3, S6: another entry of the TrainJob, and spec.trainer.env ----
 
 
-def _s1_volume(rule: Rule, reasons: Reasons, settings: Settings, field: str, name: object) -> None:
-    if _is_publish_volume(name):
-        reasons.append(rule.refuse(field, f"volume name {name!r} is (or looks like) {PUBLISH_VOLUME!r}, reserved for"
-                                          " the webhook's publish volume"))
+def _s1_volume(rule: Rule, c: InEntry) -> None:
+    if _is_publish_volume(c.name):
+        c.reasons.append(rule.refuse(c.field, f"volume name {c.name!r} is (or looks like) {PUBLISH_VOLUME!r}, reserved"
+                                              " for the webhook's publish volume"))
 
 
-def _s1_mount_name(rule: Rule, reasons: Reasons, settings: Settings, field: str, name: object) -> None:
-    if _is_publish_volume(name):  # the reserved volume is mounted by its owner only
-        reasons.append(rule.refuse(field, f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own entry"))
+def _s1_mount_name(rule: Rule, c: InEntry) -> None:
+    if _is_publish_volume(c.name):  # the reserved volume is mounted by its owner only
+        c.reasons.append(rule.refuse(c.field, f"volume {PUBLISH_VOLUME!r} may be mounted only by the webhook's own"
+                                              " entry"))
 
 
-def _s2_mount_path(rule: Rule, reasons: Reasons, settings: Settings, field: str, mount_path: str, normal: str,
-                   looks: str) -> None:
-    if paths.within(normal, paths.PUBLISH_DIR):
-        reasons.append(rule.refuse(field, f"{mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the"
-                                          " publish mount"))
-    elif paths.within(looks, paths.PUBLISH_DIR):
-        reasons.append(rule.refuse(field, f"{mount_path!r} looks like a path under {paths.PUBLISH_DIR} (look-alike"
-                                          " characters)"))
+def _s2_mount_path(rule: Rule, c: InEntry) -> None:
+    if paths.within(c.normal, paths.PUBLISH_DIR):
+        c.reasons.append(rule.refuse(c.field, f"{c.mount_path!r} is at or under {paths.PUBLISH_DIR}, reserved for the"
+                                              " publish mount"))
+    elif paths.within(c.looks, paths.PUBLISH_DIR):
+        c.reasons.append(rule.refuse(c.field, f"{c.mount_path!r} looks like a path under {paths.PUBLISH_DIR}"
+                                              " (look-alike characters)"))
 
 
-def _s3_env(rule: Rule, reasons: Reasons, settings: Settings, field: str, name: object) -> None:
-    if _is_reserved_env(name):
-        reasons.append(rule.refuse(field, f"{name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for the"
-                                          " dispatch adapter"))
+def _s3_env(rule: Rule, c: InEntry | TrainerEnv) -> None:
+    if _is_reserved_env(c.name):
+        c.reasons.append(rule.refuse(c.field, f"{c.name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved for"
+                                              " the dispatch adapter"))
 
 
-def _s6_volume(rule: Rule, reasons: Reasons, settings: Settings, field: str, name: object) -> None:
-    for cred in settings.credentials:  # Trainer merges volumes by name
-        if _looks_like(name, cred.name):
-            reasons.append(rule.refuse(field, f"volume name {name!r} is (or looks like) credential {cred.name!r}'s"
-                                              " volume, which only the webhook's entry defines"))
+def _s6_volume(rule: Rule, c: InEntry) -> None:
+    for cred in c.settings.credentials:  # Trainer merges volumes by name
+        if _looks_like(c.name, cred.name):
+            c.reasons.append(rule.refuse(c.field, f"volume name {c.name!r} is (or looks like) credential"
+                                                  f" {cred.name!r}'s volume, which only the webhook's entry defines"))
 
 
-def _s6_mount_path(rule: Rule, reasons: Reasons, settings: Settings, field: str, mount_path: str, normal: str,
-                   looks: str) -> None:
-    for cred in settings.credentials:  # Trainer merges mounts by path
-        if paths.within(normal, cred.mount_root) or paths.within(looks, cred.mount_root):
-            reasons.append(rule.refuse(field, f"{mount_path!r} is at or under credential {cred.name!r}'s mountPath"
-                                              f" {cred.mount_path}, which only the webhook's entry mounts"))
+def _s6_mount_path(rule: Rule, c: InEntry) -> None:
+    for cred in c.settings.credentials:  # Trainer merges mounts by path
+        if paths.within(c.normal, cred.mount_root) or paths.within(c.looks, cred.mount_root):
+            c.reasons.append(rule.refuse(c.field, f"{c.mount_path!r} is at or under credential {cred.name!r}'s"
+                                                  f" mountPath {cred.mount_path}, which only the webhook's entry"
+                                                  " mounts"))
+
+
+# ---- S4, S5, UPDATE, R8: the webhook's own entry ----
+
+
+def _s4(rule: Rule, c: OwnEntry) -> None:
+    """Only the entry the settings produce (or, in their grace, the previous settings') is the webhook's."""
+    own, manager = c.own, c.settings.manager
+    if own is None:
+        return
+    if c.duplicate is not None:
+        c.reasons.append(rule.refuse(f"spec.runtimePatches[{c.duplicate}].manager",
+                                     f"{manager!r} appears more than once"))
+    elif not c.settings.configured:
+        c.reasons.append(rule.refuse(f"spec.runtimePatches[{own.index}]",
+                                     f"an entry of manager {manager!r} is not allowed: this webhook has no publish"
+                                     " or credentials configured"))
+    elif (c.entry is None or not c.entry.matches(own.entry)) and \
+            not (c.previous is not None and c.previous.matches(own.entry)):  # SPEC 2.1's grace
+        c.reasons.append(rule.refuse(f"spec.runtimePatches[{own.index}]",
+                                     f"the entry of manager {manager!r} differs from what the webhook's settings"
+                                     " produce"))
+
+
+def _s5(rule: Rule, c: OwnEntry) -> None:
+    if c.create and c.own is None and c.settings.configured and c.readable:  # no list is already a reason
+        c.reasons.append(rule.refuse(
+            "spec.runtimePatches",
+            f"the dispatch-admission mutating webhook was bypassed: no entry of manager {c.settings.manager!r}"))
+
+
+def _update(rule: Rule, c: EntryUpdate) -> None:
+    """The entry once written is never rewritten (Trainer's CRD makes it immutable); a stale one is kept as it
+    is, unsaid (SPEC 6.3: `audit` reports it)."""
+    manager = c.settings.manager
+    if c.own is None:
+        c.reasons.append(rule.refuse("spec.runtimePatches",
+                                     f"the entry of manager {manager!r} was removed; it is immutable once written"))
+    elif not patch_same(c.own.entry, c.old_own.entry):
+        c.reasons.append(rule.refuse(f"spec.runtimePatches[{c.own.index}]",
+                                     f"the entry of manager {manager!r} is immutable once written; recreate the"
+                                     " TrainJob to change it"))
+
+
+def _r8(rule: Rule, c: Room) -> None:
+    c.reasons.append(rule.refuse("spec.runtimePatches", f"has {c.count} entries; the webhook's entry would exceed"
+                                                        f" the limit of {MAX_RUNTIME_PATCHES}"))
+
+
+# ---- R1, R2: the runtime reference and its lookup ----
+
+
+def _r1(rule: Rule, c: RefGiven) -> None:
+    """Trainer's defaults apply only where a field is absent: an explicit "" is refused."""
+    if c.ref is None:
+        if c.spec.get("runtimeRef") is None:  # absent (a value of another type is malformed, said so)
+            c.reasons.append(rule.refuse("spec.runtimeRef", "required", sentinel=ErrInvalid))
+        return
+    if c.name is None or c.name == "":
+        c.reasons.append(rule.refuse("spec.runtimeRef.name", "required", sentinel=ErrInvalid))
+    group = GROUP if c.api_group is None else c.api_group
+    kind = CLUSTER_KIND if c.kind is None else c.kind
+    if c.group_ok and group != GROUP:
+        c.reasons.append(rule.refuse("spec.runtimeRef.apiGroup", f"{group!r} is not supported: use {GROUP}"))
+    if c.kind_ok and kind not in KINDS:
+        c.reasons.append(rule.refuse("spec.runtimeRef.kind",
+                                     f"{kind!r} is not supported: use {CLUSTER_KIND} or {NAMESPACED_KIND}"))
+
+
+def _r2(rule: Rule, c: Lookup) -> None:
+    if c.runtime is None:
+        ref = c.ref
+        where = f" in namespace {ref.namespace}" if ref.kind == NAMESPACED_KIND else ""
+        c.reasons.append(rule.refuse("spec.runtimeRef.name", f"{ref.kind} {ref.name!r} not found{where}"))
 
 
 # ---- R3, R4, R5: the runtime alone; R6, R7: the TrainJob against it ----
 
 
-def _of_runtime(rule: Rule, reasons: Reasons, runtime: Runtime, text: str) -> None:
+def _of_runtime(rule: Rule, c: OfRuntime | RuntimeMount, text: str) -> None:
     """A runtime's reason: field spec.runtimeRef, its text starting with the runtime (`subject`)."""
-    what = str(runtime)
-    reasons.append(rule.refuse("spec.runtimeRef", f"{what}: {text}", subject=what))
+    what = str(c.runtime)
+    c.reasons.append(rule.refuse("spec.runtimeRef", f"{what}: {text}", subject=what))
 
 
-def _r3(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targets: list[Job]) -> None:
-    if not targets:
-        _of_runtime(rule, reasons, runtime, f"no replicated job has a container named {NODE_CONTAINER!r}")
+def _r3(rule: Rule, c: OfRuntime) -> None:
+    if not c.targets:
+        _of_runtime(rule, c, f"no replicated job has a container named {NODE_CONTAINER!r}")
 
 
-def _r4(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targets: list[Job]) -> None:
-    publish = settings.publish
+def _r4(rule: Rule, c: OfRuntime) -> None:
+    publish = c.settings.publish
     if publish is not None and publish.via == ROUTE_INIT_CONTAINER:
-        for job in targets:
+        for job in c.targets:
             if publish.init_container not in job.init_containers:
-                _of_runtime(rule, reasons, runtime, f"job {job.name!r} lacks init container"
-                                                    f" {publish.init_container!r} (route 2)")
+                _of_runtime(rule, c, f"job {job.name!r} lacks init container {publish.init_container!r} (route 2)")
 
 
-def _r5_oversize(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime) -> None:
-    _of_runtime(rule, reasons, runtime, f"too large to check: {runtime.oversize}")  # not held whole
+def _r5_oversize(rule: Rule, c: OfRuntime) -> None:
+    _of_runtime(rule, c, f"too large to check: {c.runtime.oversize}")  # not held whole
 
 
-def _r5(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targets: list[Job]) -> None:
+def _r5(rule: Rule, c: OfRuntime) -> None:
     """What the runtime defines that the webhook's entry would collide with, volumes by name and mounts by
     path, as Trainer and JobSet merge them."""
     def say(text: str) -> None:
-        _of_runtime(rule, reasons, runtime, text)
+        _of_runtime(rule, c, text)
 
-    creds = {c.name: c for c in settings.credentials}
+    runtime, settings = c.runtime, c.settings
+    creds = {cred.name for cred in settings.credentials}
     for name in runtime.claims:  # JobSet adds a volume of each claim template's name to the pods that mount it
         if name == PUBLISH_VOLUME:
             say(f"rename volumeClaimPolicies claim template {name!r}: JobSet makes it a volume of that"
@@ -138,7 +226,7 @@ def _r5(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targ
                 say(f"replicated job {job.name!r} already defines volume {name!r}, a name the webhook reserves")
         for container, mp in job.publish_mounts:
             say(f"replicated job {job.name!r} container {container!r} mounts {mp!r}, at or under {paths.PUBLISH_DIR}")
-    for job in targets:  # where the credentials are mounted: Trainer merges mounts by path
+    for job in c.targets:  # where the credentials are mounted: Trainer merges mounts by path
         for mp in job.node_mounts:
             for cred in settings.credentials:
                 if paths.within(mp, cred.mount_root):
@@ -151,22 +239,35 @@ def _r5(rule: Rule, reasons: Reasons, settings: Settings, runtime: Runtime, targ
                     f" mlPolicy.mpi.sshAuthMountPath {runtime.ssh_path!r}, where MPI's SSH keys go")
 
 
-def _r6(rule: Rule, reasons: Reasons, settings: Settings, spec: dict[str, Any], ref: RuntimeRef,
-        facts: RuntimeFacts, env: Iterable[tuple[str, str]]) -> None:
-    trainer = spec.get("trainer")
+def _r5_mount(rule: Rule, c: RuntimeMount) -> None:
+    """After the merge, a mount of a volume the entry defines mounts the entry's volume: in route 2 a sidecar could
+    write over the copied binary, a credential would reach a container not named `node`. Route 2's own init
+    container gets its mount from the entry only."""
+    name = c.volume
+    if name == PUBLISH_VOLUME or any(name == cred.name for cred in c.settings.credentials):
+        what = "init container" if c.container.init else "container"
+        _of_runtime(rule, c, f"unmount {name!r} from job {c.job.name!r} {what} {c.container.name!r}: only the"
+                             " webhook's entry may mount that volume, as it defines it")
+
+
+def _r6(rule: Rule, c: AgainstRuntime) -> None:
+    trainer = c.spec.get("trainer")
     asked = isinstance(trainer, dict) and trainer.get("numProcPerNode") is not None
-    if asked and not facts.policies & set(PROC_POLICIES):
-        reasons.append(rule.refuse("spec.trainer.numProcPerNode",
-                                   f"{ref} has none of mlPolicy.torch, mpi or flux, so nothing reads numProcPerNode"))
+    if asked and not c.facts.policies & set(PROC_POLICIES):
+        c.reasons.append(rule.refuse("spec.trainer.numProcPerNode", f"{c.ref} has none of mlPolicy.torch, mpi or"
+                                                                    " flux, so nothing reads numProcPerNode"))
 
 
-def _r7(rule: Rule, reasons: Reasons, settings: Settings, spec: dict[str, Any], ref: RuntimeRef,
-        facts: RuntimeFacts, env: Iterable[tuple[str, str]]) -> None:
-    if facts.torch:
-        for path, name in env:
+def _r7(rule: Rule, c: AgainstRuntime) -> None:
+    if c.facts.torch:
+        for path, name in c.env:
             if name in TORCH_RESERVED_ENV:
-                reasons.append(rule.refuse(f"{path}.name",
-                                           f"{name!r} is set by Trainer's torch plugin ({ref} uses mlPolicy.torch)"))
+                c.reasons.append(rule.refuse(f"{path}.name", f"{name!r} is set by Trainer's torch plugin ({c.ref}"
+                                                             " uses mlPolicy.torch)"))
+
+
+def _malformed(rule: Rule, c: Unreadable) -> None:
+    c.reasons.append(rule.refuse(c.field, c.text))
 
 
 # ---- the rules ----
@@ -194,13 +295,13 @@ S4 = Rule(
     "the webhook's own entry differing (time aside, compared as JSON values) from what the settings produce"
     " (or, for 10 minutes after a switch, the previous settings); two entries under its manager",
     ("spec.runtimePatches[manager]", "the settings", "the runtime's target jobs"),
-    checked_in=("rules.scan", "decision._s4", "decision._s4_unconfigured"))
+    hooks={Point.OWN_ENTRY: _s4})
 S5 = Rule(
     "S5", "5", ErrInvalid,
     "on CREATE, with publish or credentials configured, a TrainJob without the entry reaching `/validate`"
     " (the mutation was bypassed)",
     ("spec.runtimePatches[manager]",),
-    checked_in=("decision.validation",))
+    hooks={Point.OWN_ENTRY: _s5})
 S6 = Rule(
     "S6", "5", ErrInvalid,
     "another entry defining a volume named like a credential, or mounting at or under a credential's"
@@ -214,12 +315,12 @@ R1 = Rule(
     " defaults apply only where a field is absent: an explicit `\"\"` is refused (a missing `runtimeRef` or"
     " name is `ErrInvalid`)",
     ("spec.runtimeRef",),
-    checked_in=("rules.runtime_ref",), also=(ErrInvalid,))
+    hooks={Point.RUNTIME_REF: _r1}, also=(ErrInvalid,))
 R2 = Rule(
     "R2", "5", ErrNotFound,
     "a runtime that does not exist (TrainingRuntime: in the TrainJob's namespace)",
     ("spec.runtimeRef", "the runtime source"),
-    checked_in=("rules.not_found",), verdict="runtime-missing")
+    hooks={Point.RUNTIME_LOOKUP: _r2}, verdict="runtime-missing")
 R3 = Rule(
     "R3", "5", ErrUnsupported,
     "a runtime with no replicated job holding a container named `node`",
@@ -235,10 +336,12 @@ R5 = Rule(
     "a runtime that already defines `dispatch-publish` or a credential's volume name (a volume, or a claim"
     " template of the JobSet template's `volumeClaimPolicies`: JobSet makes each a volume), mounts at or under"
     " `/opt/dispatch`, mounts at or under a credential's `mountPath` on a target job's `node` container, or whose"
-    " `mlPolicy.mpi.sshAuthMountPath` overlaps a credential's; a runtime too large to check",
-    ("runtime: volumes, claim templates and mounts of each replicated job", "runtime: mlPolicy.mpi",
+    " `mlPolicy.mpi.sshAuthMountPath` overlaps a credential's; a container or init container (route 2's own"
+    " too) mounting, by name, `dispatch-publish` or a credential's volume; a runtime too large to check",
+    ("runtime: volumes, claim templates, mounts and mounted volume names of each replicated job",
+     "runtime: mlPolicy.mpi",
      "settings.credentials"),
-    hooks={Point.RUNTIME_OVERSIZE: _r5_oversize, Point.RUNTIME: _r5})
+    hooks={Point.RUNTIME_OVERSIZE: _r5_oversize, Point.RUNTIME: _r5, Point.RUNTIME_MOUNT: _r5_mount})
 R6 = Rule(
     "R6", "5", ErrUnsupported,
     "`spec.trainer.numProcPerNode` on a runtime whose `mlPolicy` has none of `torch`, `mpi`, `flux` (Trainer"
@@ -255,12 +358,12 @@ R8 = Rule(
     "R8", "5", ErrUnsupported,
     "no room for the entry (`runtimePatches` holds at most 16)",
     ("spec.runtimePatches (count)",),
-    checked_in=("rules.room_for_entry",))
+    hooks={Point.ROOM: _r8})
 UPDATE = Rule(
     errors.RULE_UPDATE, "6.3", ErrInvalid,
     "an UPDATE that edits the webhook's entry, or (at `/validate`) removes it: it is immutable once written",
     ("spec.runtimePatches[manager] of the old and the new object",),
-    checked_in=("decision.validation", "decision._immutable"))
+    hooks={Point.ENTRY_UPDATE: _update})
 
 # Not a rule of SPEC: an object the walks cannot read. Its reasons are the sender's fault and are always
 # given (a rule switched off must not let a malformed object through unread).
@@ -269,10 +372,9 @@ MALFORMED = Rule(
     "an object the webhook cannot walk: a field of the wrong type (not an object, a list or a string where one"
     " is read), or nested too deeply",
     ("every field a rule reads",),
-    checked_in=("rules.Walk.bad", "admission._guarded", "admission.Admission.review"), switchable=False)
+    hooks={Point.UNREADABLE: _malformed}, switchable=False)
 
 RULES: tuple[Rule, ...] = (S1, S2, S3, S4, S5, S6, R1, R2, R3, R4, R5, R6, R7, R8, UPDATE)
-BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
 
 # The other values of a reason's `rule` (and of the would_deny metric's label): no rule of SPEC 5 or 6.3.
 OTHER_LABELS: tuple[tuple[str, str], ...] = (
@@ -282,57 +384,12 @@ OTHER_LABELS: tuple[tuple[str, str], ...] = (
     (errors.RULE_SETTINGS, "the settings document refused (`ErrInvalid`); never a review's label"),
 )
 
-_switched_off: frozenset[str] = frozenset()  # the sweep's, while `switched_off` lasts
-_in_force: Checks | None = None              # what in_force() gives until the rules or the off-switch change
+# The registry a program uses unless it is handed another: `Admission(registry=...)` takes it, the sweep
+# switches its rules off, tests register theirs in it for a while.
+DEFAULT = Registry(RULES, MALFORMED)
 
 
-def rule(rule_id: str) -> Rule:
-    return BY_ID[rule_id]
-
-
-def find(label: str) -> Rule | None:
-    """The rule a reason's label names, the malformed pseudo-rule included; None for the other labels."""
-    return MALFORMED if label == MALFORMED.id else BY_ID.get(label)
-
-
-def in_force() -> Checks:
-    """The rules a walk applies now: every registered rule but those switched off. One object while neither
-    changes (what is worked out of a runtime is kept per `Checks`)."""
-    global _in_force
-    if _in_force is None:
-        _in_force = Checks(r for r in RULES if r.id not in _switched_off)
-    return _in_force
-
-
-def _changed(rules: tuple[Rule, ...], off: frozenset[str]) -> None:
-    global RULES, BY_ID, _switched_off, _in_force
-    RULES, BY_ID, _switched_off, _in_force = rules, {r.id: r for r in rules}, off, None
-
-
-@contextmanager
-def registered(*new: Rule) -> Iterator[None]:
-    """While inside, `new` are rules like the others (after them, in order): walks built then apply them, the
-    audit and the docs list them, the sweep can switch them off."""
-    taken = [r.id for r in new if r.id in BY_ID or r.id == MALFORMED.id]
-    if taken:
-        raise ValueError(f"rule id already used: {', '.join(taken)}")
-    _changed(RULES + tuple(new), _switched_off)
-    try:
-        yield
-    finally:
-        _changed(tuple(r for r in RULES if r not in new), _switched_off)
-
-
-@contextmanager
-def switched_off(*rule_ids: str) -> Iterator[None]:
-    """While inside, walks built then (`in_force`) do not apply the rules named: they give no reason anywhere
-    (the sweep's way of removing one)."""
-    unknown = [r for r in rule_ids if r not in BY_ID]
-    if unknown:
-        raise KeyError(f"no such rule (or one that cannot be switched off): {', '.join(unknown)}")
-    before = _switched_off
-    _changed(RULES, before | frozenset(rule_ids))
-    try:
-        yield
-    finally:
-        _changed(RULES, before)
+def runtime_facts(runtime: Runtime | dict[str, Any], settings: Settings, registry: Registry = DEFAULT) -> RuntimeFacts:
+    """R3, R4 and R5 on one runtime, with the rules in force in `registry` (for those judging a runtime
+    without a review: the readiness metric, `verify`, the API)."""
+    return rules.runtime_facts(runtime, settings, registry.in_force())

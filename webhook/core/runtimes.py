@@ -6,8 +6,10 @@ cache (`webhook.kube.cluster`) both fill the same index.
 
 A `Runtime` is what the rules read of a runtime object, taken once when a source takes the object: its
 kind and name, its mlPolicy sources (and MPI's sshAuthMountPath), the JobSet template's claim template
-names and, per replicated job, the names of its containers, init containers and volumes, its mounts at or
-under /opt/dispatch and the `node` container's mount paths. Nothing else of the object is kept (images,
+names and, per replicated job, the names of its containers, init containers and volumes (and each volume's
+source), the volumes each
+container and init container mounts (by name), its mounts at or under /opt/dispatch and the `node` container's
+mount paths. Nothing else of the object is kept (images,
 commands, env, resources and managedFields are most of it), so a cache of 10,000 runtimes is small, and
 what is kept of one runtime is bounded by counts and bytes (MAX_JOBS, MAX_NAMES, MAX_STORED_BYTES): a
 runtime past them is kept as too large to check. What the rules decide of it for given settings
@@ -16,6 +18,7 @@ runtime past them is kept as too large to check. What the rules decide of it for
 
 from __future__ import annotations
 
+import dataclasses
 import marshal
 import threading
 import weakref
@@ -65,6 +68,15 @@ NAMESPACE_SHARE = 16 << 20
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"  # Trainer's default for mlPolicy.mpi.sshAuthMountPath
 
 
+class Mounter(NamedTuple):
+    """A container or init container of a replicated job and the volumes it mounts, by name (R5: after the
+    merge, a mount of a volume the entry defines mounts the entry's volume)."""
+
+    name: str
+    init: bool                          # an init container
+    volumes: tuple[str, ...]            # the volume names its volumeMounts name, each once, in order
+
+
 @dataclass(frozen=True)
 class Job:
     """One replicated job of a runtime's template, as the rules read it."""
@@ -75,6 +87,8 @@ class Job:
     volumes: tuple[str, ...]            # names of the pod's volumes
     publish_mounts: tuple[tuple[str, str], ...]  # (container, mountPath) at or under /opt/dispatch
     node_mounts: tuple[str, ...] = ()   # the `node` container's mount paths, normalised (R5: credentials' paths)
+    mounters: tuple[Mounter, ...] = ()  # the containers and init containers that mount volumes (R5)
+    sources: tuple[str, ...] = ()       # the source of each of `volumes` (`hostPath`, `emptyDir`, ...; "" unknown)
 
 
 # Jobs alike in every name are one object: runtimes stamped from one template (most of a large cluster's)
@@ -82,10 +96,11 @@ class Job:
 # held strongly, so a job as its own key was never freed (a relist of 1,500 distinct runtimes kept them all).
 _JOBS: weakref.WeakValueDictionary[tuple[object, ...], Job] = weakref.WeakValueDictionary()
 _JOBS_LOCK = threading.Lock()
+_JOB_FIELDS = dataclasses.fields(Job)
 
 
 def _interned(job: Job) -> Job:
-    fields = (job.name, job.containers, job.init_containers, job.volumes, job.publish_mounts, job.node_mounts)
+    fields = tuple(getattr(job, f.name) for f in _JOB_FIELDS)  # every field: two jobs differing in one are two
     with _JOBS_LOCK:
         return _JOBS.setdefault(fields, job)
 
@@ -162,7 +177,8 @@ class Runtime:
         """The runtime as stored in the shared cache (webhook.kube.store): its resourceVersion, a NUL, then its
         fields as plain tuples (marshal: the store is written by this program only, never by a client)."""
         jobs = tuple((j.name, tuple(sorted(j.containers)), tuple(sorted(j.init_containers)), j.volumes,
-                      j.publish_mounts, j.node_mounts) for j in self.jobs)
+                      j.publish_mounts, j.node_mounts, tuple((m.name, m.init, m.volumes) for m in j.mounters),
+                      j.sources) for j in self.jobs)
         return self.version.encode() + b"\0" + marshal.dumps(
             (self.kind, self.namespace, self.name, tuple(sorted(self.policies)), jobs, self.claims, self.ssh_path,
              self.oversize))
@@ -172,7 +188,9 @@ class Runtime:
         version, _, body = bytes(raw).partition(b"\0")
         kind, namespace, name, policies, jobs, claims, ssh_path, oversize = marshal.loads(body)
         return cls(kind, namespace, name, version.decode(), frozenset(policies),
-                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m, nm)) for n, c, i, v, m, nm in jobs),
+                   tuple(_interned(Job(n, frozenset(c), frozenset(i), v, m, nm, tuple(Mounter(*t) for t in mt),
+                                       tuple(_SOURCES.get(k, "") for k in src)))
+                         for n, c, i, v, m, nm, mt, src in jobs),
                    claims, ssh_path, oversize)
 
 
@@ -202,15 +220,20 @@ def _job(rj: dict[str, Any], budget: _Budget) -> Job:
     pod = _obj(_obj(_obj(_obj(rj.get("template")).get("spec")).get("template")).get("spec"))
     containers = _list(pod.get("containers"))
     inits = _list(pod.get("initContainers"))
-    publish_mounts, node_mounts = [], set()
+    publish_mounts, node_mounts, mounters = [], set(), []
     for listed, are_containers in ((containers, True), (inits, False)):
         for c in listed:
             c = _obj(c)
             container = c.get("name")
             node = are_containers and container == NODE
+            mounted: dict[str, None] = {}  # the volume names, each once, in order
             for m in _list(c.get("volumeMounts")):
-                mp = _obj(m).get("mountPath")
-                budget.count()  # every mount costs the walk, kept or not
+                m = _obj(m)
+                mp, volume = m.get("mountPath"), m.get("name")
+                if isinstance(volume, str):  # every mount costs the walk, kept or not: one name each
+                    mounted[budget.name(volume)] = None
+                else:
+                    budget.count()
                 if not isinstance(mp, str):
                     continue
                 normal = _path(mp)
@@ -218,11 +241,29 @@ def _job(rj: dict[str, Any], budget: _Budget) -> Job:
                     publish_mounts.append((budget.name(str(container)[:253]), budget.name(mp)))
                 if node:
                     node_mounts.add(normal)
+            if mounted and isinstance(container, str):  # a container without a string name is no container
+                mounters.append(Mounter(container, not are_containers, tuple(mounted)))
     job_name = rj.get("name")
+    volumes = [v for v in map(_obj, _list(pod.get("volumes"))) if isinstance(v.get("name"), str)]
     return _interned(Job(budget.name(job_name) if isinstance(job_name, str) else "",
                          frozenset(_names(containers, budget)), frozenset(_names(inits, budget)),
-                         tuple(_names(_list(pod.get("volumes")), budget)), tuple(publish_mounts),
-                         tuple(budget.name(p) for p in sorted(node_mounts))))  # counted again: kept too
+                         tuple(_names(volumes, budget)), tuple(publish_mounts),
+                         tuple(budget.name(p) for p in sorted(node_mounts)),  # counted again: kept too
+                         tuple(mounters), tuple(_source(v) for v in volumes)))
+
+
+# The sources a pod's volume may have (Kubernetes' core/v1 Volume): one of these strings is kept per volume, so a
+# volume's source costs the stored form a reference, not its bytes.
+_SOURCES = {k: k for k in (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI",
+    "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs", "hostPath",
+    "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume", "projected",
+    "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume")}
+
+
+def _source(volume: dict[str, Any]) -> str:
+    """The volume's source, by its key (`hostPath`); "" for none this program knows."""
+    return next((_SOURCES[k] for k, v in volume.items() if k in _SOURCES and v is not None), "")
 
 
 def _path(text: str) -> str:
