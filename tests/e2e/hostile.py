@@ -154,15 +154,16 @@ PIPELINE = r'''
 import json, os, socket, ssl, threading, time
 host, port = os.environ["TARGET"].rsplit(":", 1)
 count, seconds, runtime = int(os.environ["COUNT"]), float(os.environ["SECONDS"]), os.environ["RUNTIME"]
+namespace = os.environ["NAMESPACE"]
 ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
 results, lock = [], threading.Lock()
 def request(i):
     body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": f"pipe-{i}", "operation": "CREATE", "namespace": "tenant-a", "name": "x",
+        "uid": f"pipe-{i}", "operation": "CREATE", "namespace": namespace, "name": "x",
         "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
         "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
         "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                   "metadata": {"name": "x", "namespace": "tenant-a"},
+                   "metadata": {"name": "x", "namespace": namespace},
                    "spec": {"runtimeRef": {"name": runtime, "kind": "TrainingRuntime"}}}}}).encode()
     head = f"POST /mutate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
     return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -236,3 +237,15 @@ def script_pod(name: str, namespace: str, image: str, script: str, env: dict[str
                                                          "readOnlyRootFilesystem": True,
                                                          "capabilities": {"drop": ["ALL"]}},
                                      "resources": {"limits": {"memory": memory}}}]}}
+
+
+def runtime_at_cap(name: str, namespace: str) -> dict:
+    """A TrainingRuntime whose kept facts come to the per-runtime cap (webhook.core.runtimes.MAX_STORED_BYTES, in
+    UTF-8 bytes) less a little: one `node` job and as many volumes of 63-character names as fit (some 95 KB of
+    JSON each)."""
+    from webhook.core.runtimes import MAX_STORED_BYTES
+
+    count = (MAX_STORED_BYTES - 512) // 63
+    volumes = [{"name": f"v{i:04d}-" + "x" * 57, "emptyDir": {}} for i in range(count)]
+    return _runtime(name, namespace, [_job("node", {"containers": [{"name": "node", "image": "pytorch"}],
+                                                    "volumes": volumes})])

@@ -27,6 +27,7 @@ import contextlib
 import datetime as dt
 import http.client
 import json
+import os
 import re
 import socket
 import ssl
@@ -35,6 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -1192,6 +1194,212 @@ def test_one_tenant_cannot_stop_admission(inst):
             "delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=600s", check=False, timeout=620))
 
 
+VOLUME_RUNTIMES = 1500    # TrainingRuntimes at the per-runtime byte cap, in one namespace (some 140 MB of JSON)
+VOLUME_SECONDS = 30       # each attack alone
+TOGETHER_SECONDS = 45     # all of them at once
+DRY_RUN_RATE = 100        # dry-run creates a second naming random runtimes (d)
+CUT_OFF = "it has not read its answers for"  # the serving log's line for a client cut off
+
+
+def kill_keepers(inst, names: list[str], reader) -> dict[str, float]:
+    """SIGKILL each pod's keeper process in turn (the kubelet restarts the container: a forced restart), and the
+    seconds until its new keeper has listed every runtime again (its TrainingRuntimes' last sync after the kill)
+    before the next pod's: the other pod serves meanwhile, as during a rollout or a node's trouble."""
+    import signal as signals
+
+    def relisted(n: str, killed: float) -> bool:
+        with contextlib.suppress(OSError, KeyError, ValueError, StopIteration):
+            pod = next(p for p in inst.pods() if p["metadata"]["name"] == n)
+            last = total(reader(pod), "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+                         kind="TrainingRuntime")
+            return last > killed
+        return False
+
+    back = {}
+    for n in names:
+        pid = container_pid(inst, n, "runtime-keeper")
+        killed = time.time()
+        os.kill(pid, signals.SIGKILL)
+        eventually(lambda n=n, killed=killed: relisted(n, killed), f"{n}'s keeper listed again after its kill",
+                   timeout=300, every=0.5)
+        back[n] = round(time.time() - killed, 1)
+    return back
+
+
+def pod_output(c: ControlPlane, name: str, namespace: str, timeout: float) -> object:
+    """The last line of a script pod's log, as JSON, once it has ended."""
+    eventually(lambda: (c.get("pod", name, namespace) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed"),
+               f"pod {name} ends", timeout=timeout, every=1)
+    return json.loads(c.kubectl("logs", name, "-n", namespace).stdout.strip().splitlines()[-1])
+
+
+class DryRuns:
+    """Tenant A's dry-run creates of TrainJobs naming random runtimes, RATE a second through the API server (as the
+    tenant), counted by status and by the sentinel of our webhook's answer."""
+
+    def __init__(self, c: ControlPlane, rate: float = DRY_RUN_RATE, threads: int = 8):
+        self.c, self.rate, self.threads = c, rate, threads
+        self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def run(self, seconds: float) -> dict[str, int]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{HOSTILE_NS}/trainjobs?dryRun=All"
+        end, every = time.monotonic() + seconds, self.threads / self.rate
+
+        def one(k: int) -> None:
+            api, i = Api(self.c, timeout=30, impersonate=TENANT), 0
+            try:
+                while time.monotonic() < end:
+                    began = time.monotonic()
+                    doc = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                           "metadata": {"name": f"dry-{k}-{i}", "namespace": HOSTILE_NS},
+                           "spec": {"runtimeRef": {"name": f"random-{k}-{i}-{time.monotonic_ns()}",
+                                                   "kind": "TrainingRuntime"}}}
+                    i += 1
+                    try:
+                        status, got = api.request("POST", path, doc)
+                        sentinel = re.search(r"\bErr[A-Z][A-Za-z]+", str(got.get("message", "")))
+                        key = f"{status} {sentinel.group(0) if sentinel else str(got.get('message', ''))[:60]}"
+                    except (OSError, http.client.HTTPException) as e:
+                        api.close()
+                        key = f"client {type(e).__name__}"
+                    with self.lock:
+                        self.counts[key] = self.counts.get(key, 0) + 1
+                    time.sleep(max(0.0, every - (time.monotonic() - began)))
+            finally:
+                api.close()
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(one, range(self.threads)))
+        return dict(self.counts)
+
+
+def test_hostile_tenant_at_volume(inst):
+    """Issue 47's tenant at volume, beside issue 33's (above). Tenant A, with RBAC for TrainingRuntimes and TrainJobs
+    in its namespace only, in turn and then all at once: (a) creates 1,500 TrainingRuntimes at the per-runtime byte
+    cap in its namespace, then every keeper is killed so it lists them all again; (b) runs a pod that pipelines
+    /mutate reviews (each answer some 78 KB) to the webhook's Service and never reads; (c) runs a pod that posts
+    bodies of nested lists at the size limit; (d) makes dry-run creates naming random runtimes at 100/s. Tenant B
+    creates TrainJobs throughout: none may fail; no container is OOM-killed; only the forced keeper restarts; each
+    container stays under its limit; A gets the documented answers (the namespace's share: R5's 403 naming its size
+    and the share; a client that does not read: cut off, logged; nested bodies: 413; dry runs: ErrNotFound, or
+    ErrUnavailable once its namespace's live reads are spent)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e import hostile
+
+    c = inst.cluster
+    pods = inst.wait_settled()
+    names = [p["metadata"]["name"] for p in pods]
+    reader = metrics_reader(inst)
+    ensure_namespaces(c, HOSTILE_NS)
+    for doc in hostile.tenant_rbac(HOSTILE_NS, TENANT):
+        c.apply(doc)
+    path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{HOSTILE_NS}/trainingruntimes"
+    service = f"{c.get('service', FULL, RNS)['spec']['clusterIP']}:443"
+    cut_before = sum(c.kubectl("logs", "-n", RNS, n, "-c", "webhook").stdout.count(CUT_OFF) for n in names)
+    status, got = Api(c, impersonate=TENANT).request("POST", path, hostile.wide_runtime("a-wide", HOSTILE_NS))
+    assert status in (201, 409), got
+
+    def create(i: int) -> None:
+        api = Api(c, timeout=120, impersonate=TENANT)
+        try:
+            for _ in range(10):  # this 2-core node's API server answers 429/504 under the load: the tenant retries
+                status, got = api.request("POST", path, hostile.runtime_at_cap(f"cap-{i:04d}", HOSTILE_NS))
+                if status not in (500, 504, 429):
+                    break
+                time.sleep(2)
+            assert status in (201, 409), (status, str(got)[:300])
+        finally:
+            api.close()
+
+    def pod(name: str, script: str, seconds: int, **env: str) -> dict:
+        return hostile.script_pod(name, HOSTILE_NS, inst.image, script,
+                                  {"TARGET": service, "SECONDS": str(seconds), **env})
+
+    def pipeline(name: str, seconds: int) -> dict:
+        return pod(name, hostile.PIPELINE, seconds, COUNT="3000", RUNTIME="a-wide", NAMESPACE=HOSTILE_NS,
+                   CONNECTIONS="8")
+
+    def nested(name: str, seconds: int) -> dict:
+        return pod(name, hostile.NESTED, seconds, BYTES=str(7 * 1024 * 1024 - 1024), THREADS="2")
+
+    containers = ("webhook", "runtime-keeper")
+    peaks = MemoryPeaks({f"{n}/{ctr}": memory_cgroup(inst, n, ctr) for n in names for ctr in containers},
+                        resolve=lambda key: memory_cgroup(inst, *key.split("/")))
+    load = Load(c, "volume", workers=2, interval=1.0, limit=100_000)
+    report: dict = {}
+    try:
+        with peaks:
+            load.start()
+            began = time.monotonic()
+            with ThreadPoolExecutor(4) as pool:  # (a)
+                list(pool.map(create, range(VOLUME_RUNTIMES)))
+            report["runtimes created in s"] = round(time.monotonic() - began)
+            report["keepers back after a kill, s"] = kill_keepers(inst, names, reader)
+            c.apply(pipeline("pipeline", VOLUME_SECONDS))  # (b)
+            report["pipeline"] = pod_output(c, "pipeline", HOSTILE_NS, VOLUME_SECONDS + 120)
+            c.apply(nested("nested", VOLUME_SECONDS))  # (c)
+            report["nested"] = pod_output(c, "nested", HOSTILE_NS, VOLUME_SECONDS + 120)
+            report["dry runs"] = DryRuns(c).run(VOLUME_SECONDS)  # (d)
+            c.apply(pipeline("pipeline-all", TOGETHER_SECONDS))  # all at once
+            c.apply(nested("nested-all", TOGETHER_SECONDS))
+            with ThreadPoolExecutor(1) as pool:
+                flood = pool.submit(DryRuns(c).run, TOGETHER_SECONDS)
+                report["keepers back after a kill under the flood, s"] = kill_keepers(inst, names, reader)
+                report["dry runs all at once"] = flood.result()
+            report["pipeline all at once"] = pod_output(c, "pipeline-all", HOSTILE_NS, TOGETHER_SECONDS + 120)
+            report["nested all at once"] = pod_output(c, "nested-all", HOSTILE_NS, TOGETHER_SECONDS + 120)
+            results = load.stop()
+        status, over = Api(c, impersonate=TENANT).request(
+            "POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{HOSTILE_NS}/trainjobs?dryRun=All",
+            {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+             "metadata": {"name": "over", "namespace": HOSTILE_NS},
+             "spec": {"runtimeRef": {"name": f"cap-{VOLUME_RUNTIMES - 1:04d}", "kind": "TrainingRuntime"}}})
+        report["over the share"] = f"{status} {over.get('message', '')[:400]}"
+        figures = summarise("tenant at volume", results)
+        report.update({"tenant B creates": figures["creates"], "failed": figures["failed"],
+                       "p50 ms": figures["p50_ms"], "p99 ms": figures["p99_ms"]})
+        logs_ = {n: c.kubectl("logs", "-n", RNS, n, "-c", "webhook").stdout for n in names}
+        report["clients cut off (log lines)"] = sum(t.count(CUT_OFF) for t in logs_.values()) - cut_before
+        report["pods"] = {}
+        for p in inst.pods():
+            statuses = {st["name"]: st for st in p["status"].get("containerStatuses", [])}
+            n = p["metadata"]["name"]
+            report["pods"][n] = {ctr: {
+                "restarts": statuses[ctr]["restartCount"],
+                "last end": (statuses[ctr].get("lastState", {}).get("terminated") or {}).get("reason", ""),
+                "peak working set MiB": round(peaks.peaks[f"{n}/{ctr}"]["working set"]),
+                "limit MiB": round(peaks.limits[f"{n}/{ctr}"])} for ctr in containers}
+        print(f"\nhostile tenant at volume: {json.dumps(report, indent=1)}")
+        assert figures["failed"] == 0 and figures["unpatched"] == 0, figures["failures"]
+        for n, got in report["pods"].items():
+            assert got["webhook"]["restarts"] == 0, (n, got)
+            assert got["runtime-keeper"]["restarts"] == 2, (n, got)  # the two kills, no other
+            assert "OOMKilled" not in (got["webhook"]["last end"], got["runtime-keeper"]["last end"]), (n, got)
+            for ctr in containers:
+                assert got[ctr]["peak working set MiB"] < got[ctr]["limit MiB"], (n, ctr, got)
+        assert status == 403 and "ErrUnsupported" in over["message"], report["over the share"]
+        assert f"its namespace {HOSTILE_NS} holds" in over["message"] and "share of" in over["message"], over
+        assert report["clients cut off (log lines)"] >= 1, report
+        for key in ("pipeline", "pipeline all at once"):
+            assert report[key] and all(conn["ended"] != "held" for conn in report[key]), report[key]
+        for key in ("nested", "nested all at once"):
+            assert report[key] and set(report[key]) <= {"flat 413", "deep 413"}, report[key]
+        for key in ("dry runs", "dry runs all at once"):
+            answered = {k: v for k, v in report[key].items() if not k.startswith(("429", "client", "504"))}
+            assert answered and set(answered) <= {"404 ErrNotFound", "503 ErrUnavailable"}, report[key]
+    finally:
+        load.stop()
+        delete_load(c, timeout=600)
+        for name in ("pipeline", "nested", "pipeline-all", "nested-all"):
+            c.kubectl("delete", "pod", name, "-n", HOSTILE_NS, "--wait=false", check=False)
+        inst.nc.owe(f"namespace {HOSTILE_NS} deleted", lambda: c.kubectl(
+            "delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=600s", check=False, timeout=620))
+
+
 MEMORY_RUNTIMES = 10_000  # ordinary runtimes, copies of the example torch runtime
 MEMORY_BIG = 500          # runtimes near the size cap (webhook.core.runtimes.MAX_NAMES names)
 MEMORY_REVIEWS = 32       # reviews of REVIEW_BYTES sent at once, shared between the pods
@@ -1247,15 +1455,20 @@ class MemoryPeaks:
     OOM killer can take back), in MiB. The kernel's own max_usage_in_bytes counts page cache the kernel
     reclaims at the limit (the runtime store's file among it), so it reaches the limit without any danger."""
 
-    def __init__(self, cgroups: dict[str, Path]):
-        self.cgroups = cgroups
+    def __init__(self, cgroups: dict[str, Path], resolve: Callable[[str], Path] | None = None):
+        """`resolve(name)`: the cgroup of `name` again, for containers that restart meanwhile (a new cgroup)."""
+        self.cgroups, self.resolve = cgroups, resolve
         self.peaks = {n: {"working set": 0.0, "rss": 0.0} for n in cgroups}
         self.limits = {n: int((c / "memory.limit_in_bytes").read_text()) / 2**20 for n, c in cgroups.items()}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
-        for name, cgroup in self.cgroups.items():
+        for name in list(self.cgroups):
+            cgroup = self.cgroups[name]
+            if self.resolve is not None and not cgroup.exists():
+                with contextlib.suppress(Exception):
+                    self.cgroups[name] = cgroup = self.resolve(name)
             stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
             usage = int((cgroup / "memory.usage_in_bytes").read_text())
             now = {"working set": (usage - int(stat["total_inactive_file"])) / 2**20,
