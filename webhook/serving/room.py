@@ -1,5 +1,12 @@
-"""The request bytes one worker holds at once (issues 25 and 33): what keeps a burst of large reviews, or a
-thousand clients that each send part of a request and stall, from taking a worker past its memory.
+"""The bytes one worker holds for its clients at once (issues 25, 33 and 47): what keeps a burst of large reviews,
+a thousand clients that each send part of a request and stall, a body that parses to many times its size, or a
+client that pipelines requests and reads none of the answers, from taking a worker past its memory.
+
+The budget counts request bytes (below), each request's parsed form by its bound, taken before parsing
+(webhook.serving.cycle, webhook.serving.codec.parsed_bound: a body whose bound cannot fit is 413, one that does
+not fit now 429), and answers written until the transport has sent them (`hold`: they exist already, so they
+are counted, never refused; a connection writes no more while its client does not read: at most one answer
+past the transport's high-water mark, webhook.serving.connection).
 
 Every byte a worker holds for a request counts, from the request's first byte until it is answered or its
 connection is gone: the head as it is buffered (each slice fed while the head is incomplete, then the
@@ -26,7 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-HEADROOM = 1024 * 1024  # the default cap is the largest body and this: small reviews fit beside a large one
+HEADROOM = 1024 * 1024  # small reviews fit beside a large one
+BUDGET = 64 * 1024 * 1024  # the default cap: a 7 MiB body with its parsed form (its bound: webhook.serving.codec)
+                           # and others beside it; two workers' budgets and their ~45 MiB each fit in 384Mi
 GRACE = 0.1             # seconds: a request younger than this keeps its room (unless much bigger than the newcomer)
 BIGGER = 2              # ... a request holding over this many times the newcomer's whole request gives way
 MIN_RATE = 1024 * 1024  # bytes/s since a request's first byte: one read slower gives way when room is needed
@@ -70,6 +79,13 @@ class Room:
         if self.used > self.peak:
             self.peak = self.used
         return True
+
+    def hold(self, n: int) -> None:
+        """`n` bytes counted that already exist (an answer written, bytes received past a connection's
+        in-flight requests): no one gives way and nothing is refused, but newcomers find less room."""
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
 
     def give_back(self, n: int) -> None:
         self.used -= n
