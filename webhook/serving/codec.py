@@ -48,7 +48,7 @@ def loads(body: bytes):
 # keys included, are at most 1 + the count of those four bytes (a string holding them only raises the count).
 # Each value takes at most PER_VALUE bytes besides its characters: a one-key dict, 184 bytes and the pointer
 # to it, over its three counted bytes ('{', ':', ','); a list 56, an int 28, a float 24, a str 49 (measured on
-# CPython 3.11, tests/unit/test_wire_json.py checks the bound over the worst shapes). Characters take one byte
+# CPython 3.11; tests/unit/test_parsed_bound.py checks the bound over the worst shapes). Characters take one byte
 # each in a str of ASCII or Latin-1, up to four (PEP 393) when the body has any byte past ASCII or a \u escape.
 # Depth needs no bound of its own here: it costs what its values cost, and past 1,024 levels orjson refuses
 # and the standard library's recursion limit (a 400) decides. bytes.count runs at memory speed: 4 counts of a
