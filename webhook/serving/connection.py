@@ -145,16 +145,22 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.last or self.phase is Phase.CLOSED:
             return
-        self._read(data)
+        if self.unfed:  # bytes already wait unparsed (a read under way as reading paused): these go behind them
+            self._stash(data)
+        else:
+            self._read(data)
         self._flow()
+
+    def _stash(self, data: bytes) -> None:
+        self.unfed += data
+        self.site.worker.room.hold(len(data))
 
     def _read(self, data: bytes) -> None:
         """Feed the parser, a slice at a time, until IN_FLIGHT requests wait: the rest is kept unparsed."""
         try:
             for at in range(0, len(data), SLICE):
                 if len(self.ready) >= IN_FLIGHT:  # pipelined past the limit: not parsed until the queue drains
-                    self.unfed = data[at:]
-                    self.site.worker.room.hold(len(self.unfed))
+                    self._stash(data[at:])
                     break
                 self._feed(memoryview(data)[at:at + SLICE])
                 if self.last:
