@@ -28,6 +28,7 @@ from tests.helpers import eventually, metric_series, review, runtime, trainjob
 from tests.tls import read_response, tls_socket
 from webhook.serving.codec import parsed_bound
 from webhook.serving.connection import IN_FLIGHT, WRITE_HIGH
+from webhook.serving.room import ANSWER
 
 DEADLINE = 4.0
 JOBS = 100
@@ -116,10 +117,11 @@ def test_a_client_that_pipelines_and_never_reads_holds_at_most_its_in_flight_ans
     print(f"\nanswer {answer} B for a request of {len(request)} B; cut off after {cut_after:.1f} s;"
           f" budget peak {peak:.0f} B; worker RSS grew {grown / 2**20:.1f} MiB; sender: {outcome};"
           f" {got.count(OK)} answers received before the close")
-    # What it could make the worker hold: its in-flight requests with their parsed bounds, what it sent past
-    # them (the TLS layer's reads as reading paused: up to 256 KiB each, two), the answers the transport
-    # buffers before pausing and the one written as it paused.
-    bound = (IN_FLIGHT + 1) * (len(request) + parsed_bound(request)) + 2 * 256 * 1024 + WRITE_HIGH + 2 * answer
+    # What it could make the worker hold: its in-flight requests with their answers' room and parsed bounds,
+    # what it sent past them (the TLS layer's reads as reading paused: up to 256 KiB each, two), the answers
+    # the transport buffers before pausing and the one written as it paused.
+    bound = ((IN_FLIGHT + 1) * (ANSWER + len(request) + parsed_bound(request)) + 2 * 256 * 1024 + WRITE_HIGH
+             + 2 * answer)
     assert peak <= bound, (peak, bound)
     assert grown < 32 * 2**20, grown
     assert DEADLINE <= cut_after < DEADLINE + 10, cut_after

@@ -8,7 +8,8 @@ Flow (issue 47): one request is with the app at a time, the next dispatched once
 most IN_FLIGHT requests are read ahead of it (what a client pipelines past them stays unparsed, reading
 paused); while the transport's write buffer is over its high-water mark (the client does not read its
 answers) nothing more is read or dispatched, and a client that has not taken its answers within the request
-deadline is cut off, with a log line. Answers written and not yet sent count in the worker's budget.
+deadline is cut off, with a log line. Answers written and not yet sent count in the worker's budget; so do
+bytes received past the in-flight requests (or the client is refused 503 when they cannot fit).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import httptools
 
 from ..process import metrics
 from .cycle import AnswerPhase, BodyPhase, Cycle
-from .wsgi import JSON, error_body, response_head
+from .room import ANSWER
+from .wsgi import error_answer
 
 if TYPE_CHECKING:
     from .listener import Site
@@ -35,10 +37,6 @@ HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is 
 SLICE = 16 * 1024               # data reaches the parser in slices this size: a head's size is known within one
 IN_FLIGHT = 8                   # requests read and waiting behind the one with the app; past them, reading waits
 WRITE_HIGH = 64 * 1024          # answer bytes buffered before the transport pauses writing (and so reading)
-
-REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-
 
 class Phase(enum.Enum):
     """A connection's phase."""
@@ -114,6 +112,7 @@ class Connection(asyncio.Protocol):
         self.fields: list[tuple[bytes, bytes]] = []
         self.head_fed = 0
         self.head_since = 0.0
+        self.answer_room = 0  # ANSWER bytes held for the answer of the request begun, until its head is read
         self.request: Cycle | None = None    # the cycle whose body is being read
         self.answering: Cycle | None = None  # the cycle with the app
         self.ready: deque[Cycle] = deque()   # cycles ready for the app, in order: at most IN_FLIGHT
@@ -152,8 +151,12 @@ class Connection(asyncio.Protocol):
         self._flow()
 
     def _stash(self, data: bytes) -> None:
-        self.unfed += data
-        self.site.worker.room.hold(len(data))
+        """Bytes past the in-flight requests kept unparsed, counted; or the client refused when they cannot fit."""
+        room = self.site.worker.room
+        if room.take(len(data), len(data), self.loop.time(), self.site.worker.readers, self):
+            self.unfed += data
+        else:
+            self._refuse(503, f"pipelined past {IN_FLIGHT} requests, with no room to hold the rest: {room.full}")
 
     def _read(self, data: bytes) -> None:
         """Feed the parser, a slice at a time, until IN_FLIGHT requests wait: the rest is kept unparsed."""
@@ -215,6 +218,9 @@ class Connection(asyncio.Protocol):
     # llhttp's callbacks (httptools)
 
     def on_message_begin(self) -> None:
+        if not self.answer_room:  # room for its answer first: a request that could not be answered is not read
+            self._take(ANSWER, ANSWER)
+            self.answer_room = ANSWER
         self.url = bytearray()
         self.fields = []
         self.head_fed = 0
@@ -261,7 +267,8 @@ class Connection(asyncio.Protocol):
                 and not (over and (framing.expect or framing.length > DRAIN_LIMIT)))
         cycle = Cycle(self, method=method, target=target, version=version, headers=[] if refused else self.fields,
                       length=framing.length, keep_alive=keep, over_limit=over, since=self.head_since,
-                      held=0 if refused else head, refused=refused)
+                      held=self.answer_room + (0 if refused else head), refused=refused)
+        self.answer_room = 0  # the cycle's now
         self.request = cycle
         if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
             self.ready.append(cycle)
@@ -319,7 +326,10 @@ class Connection(asyncio.Protocol):
             if self.phase is not Phase.BUSY and writable and self.ready:
                 self._dispatch(self.ready.popleft())
         if self.phase is not Phase.BUSY and writable and not self.ready and self.refusal is not None:
-            self.send(self.refusal)
+            if self.refusal:  # counted in its room; none when there was no room for it: closed unanswered
+                self.site.worker.room.give_back(self.answer_room - len(self.refusal))
+                self.answer_room = 0
+                self.send(self.refusal)
             self.close()
             return
         self._steer()
@@ -367,31 +377,34 @@ class Connection(asyncio.Protocol):
         self.deadline = self.since + self.site.keepalive  # a kept-alive connection waits this long
 
     def send(self, data: bytes) -> None:
-        """Written to the transport and counted in the worker's budget until the transport has sent it."""
+        """Written to the transport: its bytes, counted in the worker's budget already, are given back as
+        the transport sends them."""
+        self.unsent += len(data)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
-            self.unsent += len(data)
-            self.site.worker.room.hold(len(data))
-            self.settle()
+        self.settle()
 
     def settle(self) -> None:
         """What the transport has sent since given back (on a write, when writing resumes, and at each of the
         worker's sweeps): the transport's write buffer is what is still held."""
-        if self.unsent and self.transport is not None:
-            left = min(self.unsent, self.transport.get_write_buffer_size())
+        if self.unsent:
+            left = 0 if self.transport is None else min(self.unsent, self.transport.get_write_buffer_size())
             self.site.worker.room.give_back(self.unsent - left)
             self.unsent = left
 
     # webhook.serving.room: what the worker's budget counts for this connection
 
     def reading(self) -> tuple[int, float] | None:
-        """(bytes held, since its first byte) for the request being read, or None."""
+        """(bytes it would give back, since its first byte) for the request being read, or None: all it holds
+        but its answer's room, which its 503 takes."""
+        if self.refusal is not None:  # refused already: nothing more to give
+            return None
         if self.url is not None:
             return self.head_fed, self.head_since
         cycle = self.request
         if cycle is None or cycle.body_phase is not BodyPhase.KEEPING:
             return None
-        return cycle.held, cycle.since
+        return cycle.held - ANSWER, cycle.since
 
     def give_way(self, why: str) -> None:
         """The budget is needed: the request being read is answered 503: a head, then the connection closed; a
@@ -411,13 +424,21 @@ class Connection(asyncio.Protocol):
         self.ready.append(cycle)
 
     def _refuse(self, code: int, message: str) -> None:
-        """Answer a request the worker refuses itself, after the answers before it, then close."""
+        """Answer a request the worker refuses itself, after the answers before it, then close: in the room
+        held for its answer (the head's, or taken now); with no room for it, closed unanswered."""
+        if self.refusal is not None:
+            return
         metrics.get().bad_requests.labels(str(code)).inc()
-        self.site.worker.room.give_back(self.head_fed + len(self.unfed))  # nothing more is read
+        room = self.site.worker.room
+        room.give_back(self.head_fed + len(self.unfed))  # nothing more is read
         self.head_fed, self.unfed = 0, b""
         self.last = True
-        body = error_body(code, message)
-        self.refusal = response_head(f"{code} {REASONS.get(code, 'Bad Request')}", JSON, len(body), False) + body
+        if not self.answer_room:
+            if self.request is not None and self.request not in self.ready:  # its body will not come whole
+                room.release(self.request)
+            if room.take(ANSWER, ANSWER, self.loop.time(), self.site.worker.readers, self):
+                self.answer_room = ANSWER
+        self.refusal = error_answer(code, message, False, self.answer_room) if self.answer_room else b""
 
     def expire(self, now: float) -> None:
         """A deadline passed: handshake, request or write too slow (counted; a client that does not take its
@@ -458,8 +479,8 @@ class Connection(asyncio.Protocol):
         room = self.site.worker.room
         for cycle in (self.request, self.answering, *self.ready):
             room.release(cycle)
-        room.give_back(self.head_fed + len(self.unfed) + self.unsent)
-        self.head_fed, self.unfed, self.unsent = 0, b"", 0
+        room.give_back(self.head_fed + len(self.unfed) + self.unsent + self.answer_room)
+        self.head_fed, self.unfed, self.unsent, self.answer_room = 0, b"", 0, 0
         self.phase = Phase.CLOSED
         self.last = True
         self.deadline = 0.0

@@ -4,9 +4,9 @@ worker's budget before the app parses it, the request handed to the app (on the 
 threads its site sets aside), and its answer written.
 
 A cycle has a `BodyPhase` (its body kept, dropped, or received to its end) and an `AnswerPhase` (waiting, with
-the app, answered). What it holds in the worker's budget (webhook.serving.room) is `held`: its head, its body
-as received, then its parsed form's bound, all given back once its answer is written; the answer itself is
-counted by the connection until the transport has sent it.
+the app, answered). What it holds in the worker's budget (webhook.serving.room) is `held`: room for its answer
+(room.ANSWER, from its first byte), its head, its body as received, then its parsed form's bound. Its answer
+is counted in place of all that (room.Room.answer), then by the connection until the transport has sent it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from ..core.runtimes import WouldBlock
 from ..process import metrics
 from ..process.blocking import NoBlocking
 from .codec import parsed_bound
-from .wsgi import INTERNAL, JSON, close_result, error_body, request_environ, response_head
+from .room import ANSWER
+from .wsgi import INTERNAL, JSON, close_result, error_answer, error_body, request_environ, response_head
 
 if TYPE_CHECKING:
     from .listener import Site
@@ -64,9 +65,9 @@ class Cycle:
         self.body: list[bytes] = []
         self.body_phase = BodyPhase.DROPPING if over_limit else BodyPhase.KEEPING
         self.answer_phase = AnswerPhase.WAITING
-        self.held = held    # its bytes (head, body, parsed bound) counted in the worker's budget until answered
+        self.held = held    # its answer's room, head, body, parsed bound: counted in the worker's budget until answered
         self.since = since  # its first byte
-        self.size = held + length  # its head and Content-Length
+        self.size = held + length  # its answer's room, head and Content-Length
 
     @property
     def site(self) -> Site:
@@ -90,7 +91,8 @@ class Cycle:
         self.body_phase = BodyPhase.DROPPING
         self.body = []
         self.headers = []
-        self.site.worker.room.release(self)
+        self.site.worker.room.give_back(self.held - ANSWER)  # its answer's room kept for the 503
+        self.held = ANSWER
 
     def dispatch(self) -> None:
         """To the app: answered here if refused (503: no room; 413/429: its parsed form would not fit), else on
@@ -149,24 +151,30 @@ class Cycle:
 
     def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
                 close: Callable[[], object] | None = None) -> None:
-        """On the loop, with the app's answer: what the request held given back, the answer written (counted
-        by the connection until sent), then the app's result closed, then the connection goes on."""
+        """On the loop, with the app's answer: written and counted in place of what the request held (a 503
+        instead when it is larger and the difference does not fit), then the app's result closed, then the
+        connection goes on."""
         conn, log = self.conn, self.site.worker.log
         if conn.closed:
             close_result(close, log)
             return
         self.answer_phase = AnswerPhase.ANSWERED
-        self.site.worker.room.release(self)
         keep = self.keep_alive and self.site.worker.alive
         try:
             try:
                 head = response_head(status, headers, len(body), keep)
             except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
                 log.error("the application's answer cannot be sent: %s", e)
-                keep = False
-                body = INTERNAL
+                keep, body = False, INTERNAL
                 head = response_head("500 Internal Server Error", JSON, len(INTERNAL), keep)
-            conn.send(head + body if body and self.method != b"HEAD" else head)
+            answer = head + body if body and self.method != b"HEAD" else head
+            room, worker = self.site.worker.room, self.site.worker
+            if not room.answer(self, len(answer), self.site.loop.time(), worker.readers, conn):
+                metrics.get().bad_requests.labels("503").inc()
+                answer = error_answer(503, f"no room in this worker to hold this answer of {len(answer)} bytes"
+                                      f" until it is sent ({room.full})", keep, self.held)
+                room.answer(self, len(answer), self.site.loop.time(), worker.readers, conn)  # fits in its room
+            conn.send(answer)
         finally:
             close_result(close, log)
         conn.answered(self, keep)
