@@ -21,7 +21,7 @@ from tests.helpers import eventually
 from tests.process import free_port, running
 from tests.tls import read_response, tls_socket
 from webhook import certs
-from webhook.serving.connection import INLINE_LIMIT
+from webhook.serving.cycle import INLINE_LIMIT
 
 APP = r'''
 import sys, threading, time

@@ -1,11 +1,14 @@
-"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; webhook/serving/room.py).
+"""Request bytes a worker holds at once are capped (issue 25, item 1; issue 33, item 4; issue 47;
+webhook/serving/room.py).
 
 Against the real server process (one worker, so every connection meets the same count) over TLS on
-loopback: a large review being read holds its head and the body bytes received, and a second large one that
-could not fit beside it is refused 503 at its head (its body read and dropped); a small review still gets in;
-a stalled body gives way to a newcomer; the room counts exactly and comes back exactly once requests are
-answered or their clients go; the metrics port takes no body at all. tests/server/test_held_bytes.py floods
-the room with heads and small bodies.
+loopback, with a room for one large review whole (its answer's room, head, body and parsed bound) and a
+little more: a large review being read holds its answer's room, its head and the body bytes received, and a
+second large one that could not fit beside it and two bodies filling the rest is refused 503 at its head
+(its body read and dropped); a small review still gets in, a stalled filler giving way; a stalled body gives
+way to a newcomer that could not be parsed beside it; the room counts exactly and comes back exactly once
+requests are answered or their clients go; the metrics port takes no body at all.
+tests/server/test_held_bytes.py floods the room with heads and small bodies.
 """
 
 from __future__ import annotations
@@ -20,17 +23,17 @@ import requests
 
 from tests.helpers import eventually, metric_series, review, trainjob
 from tests.tls import tls_socket
-from webhook.serving.room import PATIENCE
+from webhook.serving.codec import parsed_bound
+from webhook.serving.room import ANSWER, PATIENCE
 
 MAX_BODY = 2_000_000
-IN_FLIGHT = 3_000_000  # room for one body of MAX_BODY, not two
 
 
-def large_review() -> bytes:
-    """A TrainJob review padded with an annotation to just under MAX_BODY."""
+def large_review(size: int = MAX_BODY - 1000) -> bytes:
+    """A TrainJob review padded with an annotation to `size` bytes (by default just under MAX_BODY)."""
     doc = review(trainjob())
     doc["request"]["object"]["metadata"]["annotations"] = {"example.com/pad": ""}
-    pad = MAX_BODY - 1000 - len(json.dumps(doc))
+    pad = size - len(json.dumps(doc))
     doc["request"]["object"]["metadata"]["annotations"]["example.com/pad"] = "x" * pad
     return json.dumps(doc).encode()
 
@@ -38,6 +41,21 @@ def large_review() -> bytes:
 def head(length: int) -> bytes:
     return (f"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
+
+
+BODY = large_review()
+WHOLE = ANSWER + len(head(len(BODY))) + len(BODY) + parsed_bound(BODY)  # what one large review holds at most
+IN_FLIGHT = WHOLE + 4096  # room for one large review whole (with a client's longer head), not for a second beside it
+SCRAPE = 64 * 1024  # room for a scrape of /metrics and its answer (held() scrapes: it must not make anyone give way)
+
+
+def filler(held: int) -> bytes:
+    """A body that will not be sent whole (its last byte missing), its request holding exactly `held` bytes."""
+    sent = held - ANSWER - len(head(held))
+    sent += held - ANSWER - len(head(sent + 1)) - sent  # its Content-Length may have a digit fewer than `held`
+    data = head(sent + 1) + b"{" * sent
+    assert ANSWER + len(data) == held, (held, len(data))
+    return data
 
 
 def read_status(sock: ssl.SSLSocket) -> tuple[int, bytes]:
@@ -75,61 +93,68 @@ def held(server) -> float:
 
 def test_bodies_over_the_in_flight_cap_are_503_until_room_is_made(server, request):
     base, ca = server.url, server.ca
-    body = large_review()
-    assert len(body) <= MAX_BODY and 2 * len(body) > IN_FLIGHT
+    body = BODY
+    assert len(body) <= MAX_BODY and WHOLE <= IN_FLIGHT < WHOLE + ANSWER + len(head(len(body))) + len(body)
     # Connected (handshakes done) first, so the heads below reach the worker together.
-    first, second, mid = (connect(server, request) for _ in range(3))
+    first, second, slower, faster = (connect(server, request) for _ in range(4))
 
     # The first large review: its head and all but the last 1,000 bytes of its body (sent this fast, it
     # keeps its room for a second, its patience)...
     first.sendall(head(len(body)) + body[:-1000])
-    # ... and a mid-size body that fits beside it, sent but for its last byte: the room is full but for a
-    # head or two.
-    small = json.dumps(review(trainjob())).encode()
-    spare = 2 * len(head(len(body)))
-    assert len(head(len(small))) + len(small) > spare
-    left = IN_FLIGHT - len(head(len(body))) - (len(body) - 1000) - spare
-    sent = left - len(head(left + 1))
-    mid.sendall(head(sent + 1) + b"{" * sent)
+    # ... and two bodies that fit beside it, each sent but for its last byte: the room is full but for the
+    # answer's room and head of two requests, and a scrape. Each filler holds less than the first (so reads
+    # slower), one less than the other: the slower gives way first.
+    assert 2 * len(server.metrics()) < SCRAPE
+    spare = 2 * (ANSWER + len(head(len(body)))) + SCRAPE
+    rest = IN_FLIGHT - spare - (ANSWER + len(head(len(body))) + len(body) - 1000)
+    slower.sendall(filler(rest * 45 // 100))
+    faster.sendall(filler(rest - rest * 45 // 100))
     full = IN_FLIGHT - spare
-    eventually(lambda: held(server) == full, f"{full} bytes held")
-    # A second large one could not fit (both are read fast, and not for long: neither gives way): 503 at
-    # its head, with a JSON error naming the cap.
+    eventually(lambda: held(server) == full, f"{full} bytes held", detail=lambda: str(held(server)))
+    # A second large one could not fit (all are read fast, and not for long: none gives way): 503 at its
+    # head, with a JSON error naming the cap.
     second.sendall(head(len(body)))
     status, data = read_status(second)
     assert status == 503, data[:300]
     assert f"over {IN_FLIGHT} bytes of requests in flight".encode() in data
     # Its body is dropped as it comes (not held), then the connection serves the next request: a client
-    # sending its whole body before it reads is not reset under the answer. Past the patience, the
-    # stalled mid-size body gives way to that small review (the slower of the two being read), so a
-    # client stalling large bodies cannot turn the API server's usual reviews away.
+    # sending its whole body before it reads is not reset under the answer. Past the patience, the slower
+    # stalled filler gives way to that small review (which cannot be read and parsed in what is spare), so
+    # a client stalling large bodies cannot turn the API server's usual reviews away.
     time.sleep(PATIENCE)
     second.sendall(body)
+    small = large_review(64 * 1024)
+    assert ANSWER + len(head(len(small))) + len(small) + parsed_bound(small) > spare
     second.sendall(head(len(small)) + small)
     status, data = read_status(second)
     assert status == 200, data[:300]
-    status, data = read_status(mid)
+    status, data = read_status(slower)
     assert status == 503 and b"this worker's room for requests" in data, data[:300]
-    small = requests.post(base + "/validate", json=review(trainjob()), verify=ca, timeout=20)
-    assert small.status_code == 200 and small.json()["response"]["uid"] == "uid-1"
+    small_review = requests.post(base + "/validate", json=review(trainjob()), verify=ca, timeout=20)
+    assert small_review.status_code == 200 and small_review.json()["response"]["uid"] == "uid-1"
 
-    # The first is answered in full once its body is in; with the mid-size one gone, a large review fits.
+    # The first is answered in full once its body is in: its parsed bound does not fit beside the other
+    # filler, which gives way too. With the fillers gone, a large review fits.
     first.sendall(body[-1000:])
     status, data = read_status(first)
     assert status == 200, data[:300]
-    mid.close()
-    first.close()
-    time.sleep(0.5)
+    status, data = read_status(faster)
+    assert status == 503 and b"this worker's room for requests" in data, data[:300]
+    for sock in (slower, faster, first):
+        sock.close()
+    eventually(lambda: held(server) == 0, "nothing held")
     assert post_large(server, body).status_code == 200
 
 
 def test_a_stalled_body_gives_way_to_a_newcomer(server, request):
     """A client that sends part of a large body and stalls cannot hold the room: being read for longer than
     the patience (or, past the grace, slower than the minimum rate), it is answered 503 (the rest of its
-    body dropped) to make room for the next large review."""
-    body = large_review()
+    body dropped) to make room for the next large review, which could not be parsed beside it (429)."""
+    body = BODY
     staller = connect(server, request)
-    staller.sendall(head(len(body)) + body[:IN_FLIGHT - len(body)])  # the next one cannot fit beside it
+    part = len(body) // 2
+    assert 2 * ANSWER + 2 * len(head(len(body))) + part + len(body) + parsed_bound(body) > IN_FLIGHT
+    staller.sendall(head(len(body)) + body[:part])
     time.sleep(PATIENCE + 0.2)
     r = post_large(server, body)
     assert r.status_code == 200, r.text[:300]
@@ -137,11 +162,28 @@ def test_a_stalled_body_gives_way_to_a_newcomer(server, request):
     assert status == 503 and b"this worker's room for requests" in data, data[:300]
 
 
+def exact_request(room: int) -> bytes:
+    """A request of a body that is not JSON whose answer's room, head, body and parsed bound take exactly
+    `room` bytes (an X-Pad field of 0 to 3 bytes makes up what the body's length cannot)."""
+    def whole(length: int, pad: int) -> int:
+        return ANSWER + len(head(length)) + len(f"X-Pad: {'p' * pad}\r\n") + length + parsed_bound(b"x" * length)
+
+    for pad in range(4):
+        length = (room - whole(0, pad)) // 2
+        for n in range(length - 8, length + 8):  # the head's Content-Length has more digits than whole(0)'s
+            if whole(n, pad) == room:
+                data = head(n).replace(b"\r\n\r\n", f"\r\nX-Pad: {'p' * pad}\r\n\r\n".encode()) + b"x" * n
+                assert ANSWER + len(data) + parsed_bound(b"x" * n) == room
+                return data
+    raise AssertionError(f"no request takes exactly {room} bytes")
+
+
 def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
-    """The room counts a request's head by its size and its body by the bytes received, not the length it
-    declares; clients that go away mid-body, and answered requests, leave nothing counted, so a request of
-    exactly the cap fits beside one being read (one byte counted too many would refuse it)."""
-    body = large_review()
+    """The room counts a request's answer's room, its head by its size and its body by the bytes received,
+    not the length it declares, then its parsed bound; clients that go away mid-body, and answered requests,
+    leave nothing counted, so a request that takes exactly the rest of the room is read and parsed beside
+    one being read (one byte counted too many would refuse it: 503 or 429)."""
+    body = BODY
     for _ in range(3):
         gone = connect(server, request)
         gone.sendall(head(len(body)) + body[:1000])
@@ -151,15 +193,13 @@ def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
     eventually(lambda: held(server) == 0, "nothing held")
     holder, exact = connect(server, request), connect(server, request)
     holder.sendall(head(len(body)) + body[:-1000])
-    counted = len(head(len(body))) + len(body) - 1000
+    counted = ANSWER + len(head(len(body))) + len(body) - 1000
     eventually(lambda: held(server) == counted, f"the holder's {counted} bytes counted")
-    length = IN_FLIGHT - counted - len(head(IN_FLIGHT - counted))
-    exact.sendall(head(length))  # fits only if nothing else is counted
+    exact.sendall(exact_request(IN_FLIGHT - counted))  # fits only if nothing else is counted
+    status, data = read_status(exact)
+    assert status == 400 and b"JSON" in data, data[:300]  # read whole, parsed and answered, not refused
     holder.sendall(body[-1000:])
     assert read_status(holder)[0] == 200
-    exact.sendall(b"x" * length)
-    status, data = read_status(exact)
-    assert status == 400 and b"JSON" in data, data[:300]  # read whole and answered (not JSON), not refused 503
     exact.close()
     eventually(lambda: held(server) == 0, "nothing held")
 

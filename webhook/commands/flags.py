@@ -109,8 +109,9 @@ def _serve_tls_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-body", type=positive(int), default=None,
                    help="largest request body in bytes (default 7 MiB)")
     s.add_argument("--max-body-in-flight", type=positive(int), default=None, metavar="BYTES",
-                   help="request bytes (heads and bodies) one worker holds at once; a request that would go over"
-                        " it, once slow ones have given way, is answered 503 (default: --max-body plus 1 MiB)")
+                   help="bytes one worker holds for its clients at once: request heads and bodies (over it, once"
+                        " slow ones have given way, 503), their parsed forms by a bound taken before parsing (413"
+                        " when it can never fit, 429 when it does not now) and answers not yet sent (default 64 MiB)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info logs one line per review; warning and above only problems")
     s.add_argument("--dev", action="store_true", help="local CA and certificate under certs/, example settings")

@@ -41,7 +41,7 @@ The names are a contract (alerts and the dashboard query them):
 - dispatch_admission_certificate_not_after_seconds{certificate}     gauge, "serving" and "ca"
 - dispatch_admission_client_timeouts_total{stage}                    counter (SPEC 7 deadlines)
 - dispatch_admission_log_dropped_total                              counter (review log lines dropped: stderr stalled)
-- dispatch_admission_request_bytes_held                             gauge (max over workers: request bytes held now)
+- dispatch_admission_request_bytes_held                             gauge (max over workers: budget bytes held now)
 - dispatch_admission_request_bytes_held_peak                        gauge (max over workers: the most ever held at once)
 - dispatch_admission_api_requests_total{verb,kind}, dispatch_admission_api_errors_total{verb,kind}
 - dispatch_admission_settings_valid                                 gauge 0/1 (SPEC 2.1)
@@ -101,12 +101,15 @@ class Metrics:
                                    "Review log lines dropped because stderr did not take them (its queue was full).",
                                    registry=r)
         self.request_bytes_held = Gauge("dispatch_admission_request_bytes_held",
-                                        "Request bytes (heads and bodies, read or with the app) the worker holding "
-                                        "the most holds now; each worker holds at most --max-body-in-flight.",
+                                        "Bytes the worker holding the most holds now for its clients: request "
+                                        "heads and bodies as received, parsed forms by their bound, room for each "
+                                        "request's answer, answers not yet sent; each worker holds at most "
+                                        "--max-body-in-flight.",
                                         multiprocess_mode="livemax", registry=r)
         self.request_bytes_held_peak = Gauge("dispatch_admission_request_bytes_held_peak",
-                                             "The most request bytes one worker has held at once since it started "
-                                             "(never above --max-body-in-flight).",
+                                             "The most bytes one worker has held at once for its clients (requests, "
+                                             "their parsed bounds, answers not yet sent) since it started (never "
+                                             "above --max-body-in-flight).",
                                              multiprocess_mode="livemax", registry=r)
         self.settings_switches = Counter("dispatch_admission_settings_switches_total",
                                          "New settings taken while serving, without a restart"

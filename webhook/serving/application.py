@@ -26,7 +26,7 @@ class Listening:
     metrics_address: tuple[str, int] | None = None  # metrics_bind as (host, port)
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # 0: max_body plus 1 MiB
+    max_body_in_flight: int = 0  # 0: webhook.serving.room.BUDGET (64 MiB)
 
 
 def gunicorn_application(load: Callable[[], Callable], listening: Listening, *, tls,

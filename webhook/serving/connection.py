@@ -1,8 +1,15 @@
-"""One client connection of the worker (webhook.serving.worker): HTTP/1.1 framing and the request cycle.
+"""One client connection of the worker (webhook.serving.worker): HTTP/1.1 framing, flow control and deadlines,
+as uvicorn's `HttpToolsProtocol`; each request and its answer is a `Cycle` (webhook.serving.cycle).
 
 A connection goes through its phases (`Phase`): TLS handshake, idle, reading a request, busy while one is
-with the app, closed. Each request read has a `BodyPhase` (its body kept, dropped, or received to its end)
-and an `AnswerPhase` (waiting, with the app, answered). Limits, deadlines and the worker's room: SPEC 7.
+with the app, closed. Limits, deadlines and the worker's budget: SPEC 7, webhook.serving.room.
+
+Flow (issue 47): one request is with the app at a time, the next dispatched once its answer is written; at
+most IN_FLIGHT requests are read ahead of it (what a client pipelines past them stays unparsed, reading
+paused); while the transport's write buffer is over its high-water mark (the client does not read its
+answers) nothing more is read or dispatched, and a client that has not taken its answers within the request
+deadline is cut off, with a log line. Answers written and not yet sent count in the worker's budget; so do
+bytes received past the in-flight requests (or the client is refused 503 when they cannot fit).
 """
 
 from __future__ import annotations
@@ -10,28 +17,26 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 import httptools
 
-from ..core.runtimes import WouldBlock
 from ..process import metrics
-from ..process.blocking import NoBlocking
-from .wsgi import INTERNAL, JSON, close_result, error_body, request_environ, response_head
+from .cycle import AnswerPhase, BodyPhase, Cycle
+from .room import ANSWER
+from .wsgi import error_answer
 
 if TYPE_CHECKING:
     from .listener import Site
 
+__all__ = ["AnswerPhase", "BodyPhase", "Connection", "Cycle", "Phase", "Refused"]
+
 DRAIN_LIMIT = 64 * 1024 * 1024  # an over-limit body longer than this is not read to its end: closed after the 413
 HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is refused (431)
 SLICE = 16 * 1024               # data reaches the parser in slices this size: a head's size is known within one
-INLINE_LIMIT = 64 * 1024        # a review body up to this size is answered on the loop (a larger one on a thread)
-
-REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-
+IN_FLIGHT = 8                   # requests read and waiting behind the one with the app; past them, reading waits
+WRITE_HIGH = 64 * 1024          # answer bytes buffered before the transport pauses writing (and so reading)
 
 class Phase(enum.Enum):
     """A connection's phase."""
@@ -43,48 +48,8 @@ class Phase(enum.Enum):
     CLOSED = enum.auto()
 
 
-class BodyPhase(enum.Enum):
-    """What becomes of a request's body as it comes."""
-
-    KEEPING = enum.auto()   # its bytes kept for the app (counted in the worker's room)
-    DROPPING = enum.auto()  # over max_body (413 from the app) or no room (503 here): its bytes dropped
-    RECEIVED = enum.auto()  # read (or dropped) to its end
-
-
-class AnswerPhase(enum.Enum):
-    """Where a request is on its way to its answer."""
-
-    WAITING = enum.auto()   # being read, or ready and waiting for the app
-    WITH_APP = enum.auto()  # with the app, on the loop or its threads (or answered 503 here)
-    ASIDE = enum.auto()     # with the metrics threads: never counts as the worker stuck
-    ANSWERED = enum.auto()  # its answer written
-
-
 class Refused(Exception):
     """Refused(code, message): a request the worker answers itself (bad framing, a head over the limits)."""
-
-
-class Request:
-    """A request whose head has been read; its body (kept unless over the limit) follows."""
-
-    __slots__ = ("method", "target", "version", "headers", "length", "keep_alive", "refused", "body",
-                 "body_phase", "answer_phase", "held", "since", "size")
-
-    def __init__(self, *, method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                 length: int, keep_alive: bool, over_limit: bool, since: float, held: int, refused: str = ""):
-        self.method = method
-        self.target = target
-        self.version = version
-        self.headers = headers
-        self.length = length
-        self.keep_alive = keep_alive
-        self.refused = refused  # why it is answered 503 here (no room for it), or ""
-        self.body: list[bytes] = []
-        self.body_phase = BodyPhase.DROPPING if over_limit else BodyPhase.KEEPING
-        self.answer_phase = AnswerPhase.WAITING
-        self.held = held    # its bytes (head, body) counted in the worker's room until answered
-        self.since = since  # its first byte
-        self.size = held + length  # its head and Content-Length
 
 
 class Fields:
@@ -126,8 +91,9 @@ class Connection(asyncio.Protocol):
     """One client connection: handshake, read, hand over, answer, and again while kept alive.
 
     llhttp (through httptools' callbacks, below) frames the stream: where a head ends, a Content-Length body
-    and the next request. Requests read whole (or over the limit, at their head) wait in `ready` and go to
-    the app one at a time; reading pauses while a whole request waits for its answer."""
+    and the next request. Each head read makes a `Cycle`; cycles read whole (or over the limit, at their head)
+    wait in `ready` and go to the app one at a time; reading pauses while a whole request waits for its answer,
+    while `ready` is full and while writing is paused."""
 
     def __init__(self, site: Site):
         self.site = site
@@ -138,19 +104,26 @@ class Connection(asyncio.Protocol):
         self.environ: dict[str, object] = {}
         self.phase = Phase.HANDSHAKE
         self.deadline = 0.0
-        self.write_deadline = 0.0
+        self.write_deadline = 0.0  # set while writing is paused: the client must take its answers by then
         self.since = 0.0  # when the phase began (idle: eviction; busy: the stuck check)
         self.served = 0   # answers written
-        # The head being read: its target (None between heads), fields, bytes fed (in the room), first byte
+        # The head being read: its target (None between heads), fields, bytes fed (in the budget), first byte
         self.url: bytearray | None = None
         self.fields: list[tuple[bytes, bytes]] = []
         self.head_fed = 0
         self.head_since = 0.0
-        self.request: Request | None = None    # the request whose body is being read
-        self.answering: Request | None = None  # the request with the app
-        self.ready: deque[Request] = deque()   # requests ready for the app, in order
+        self.answer_room = 0  # ANSWER bytes held for the answer of the request begun, until its head is read
+        self.request: Cycle | None = None    # the cycle whose body is being read
+        self.answering: Cycle | None = None  # the cycle with the app
+        self.ready: deque[Cycle] = deque()   # cycles ready for the app, in order: at most IN_FLIGHT
+        self.unfed = b""   # bytes received past IN_FLIGHT requests, not yet parsed (counted in the budget)
+        self.unsent = 0    # answer bytes written and not yet sent by the transport (counted in the budget)
         self.last = False  # nothing more is read (Connection: close, an upgrade, a refusal)
         self.refusal: bytes | None = None  # sent after the answers before it, then the connection closed
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Called with the TLS transport once the handshake is done (or the plain one at once)."""
@@ -161,6 +134,7 @@ class Connection(asyncio.Protocol):
             return
         peer = stream.get_extra_info("peername") or ("", 0)
         self.environ = {**self.site.base_environ, "REMOTE_ADDR": str(peer[0]), "REMOTE_PORT": str(peer[1])}
+        stream.set_write_buffer_limits(high=WRITE_HIGH)
         self.transport = stream
         self.phase = Phase.IDLE
         # The first request must start soon (nothing sent yet); later ones may wait the keep-alive time.
@@ -170,8 +144,27 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.last or self.phase is Phase.CLOSED:
             return
+        if self.unfed:  # bytes already wait unparsed (a read under way as reading paused): these go behind them
+            self._stash(data)
+        else:
+            self._read(data)
+        self._flow()
+
+    def _stash(self, data: bytes) -> None:
+        """Bytes past the in-flight requests kept unparsed, counted; or the client refused when they cannot fit."""
+        room = self.site.worker.room
+        if room.take(len(data), len(data), self.loop.time(), self.site.worker.readers, self):
+            self.unfed += data
+        else:
+            self._refuse(503, f"pipelined past {IN_FLIGHT} requests, with no room to hold the rest: {room.full}")
+
+    def _read(self, data: bytes) -> None:
+        """Feed the parser, a slice at a time, until IN_FLIGHT requests wait: the rest is kept unparsed."""
         try:
             for at in range(0, len(data), SLICE):
+                if len(self.ready) >= IN_FLIGHT:  # pipelined past the limit: not parsed until the queue drains
+                    self._stash(data[at:])
+                    break
                 self._feed(memoryview(data)[at:at + SLICE])
                 if self.last:
                     break
@@ -184,7 +177,6 @@ class Connection(asyncio.Protocol):
                 self._refuse(*e.__context__.args)
             elif not self.last:  # after Connection: close, llhttp refuses what follows: it is not read anyway
                 self._refuse(400, str(e)[:200] or type(e).__name__)
-        self._flow()
 
     def _feed(self, data: memoryview) -> None:
         self.parser.feed_data(data)
@@ -195,7 +187,7 @@ class Connection(asyncio.Protocol):
             self.head_fed += len(data)
 
     def _take(self, n: int, size: int) -> None:
-        """Count `n` more bytes in the worker's room for a request of `size`, or refuse it (503) when they do
+        """Count `n` more bytes in the worker's budget for a request of `size`, or refuse it (503) when they do
         not fit."""
         room = self.site.worker.room
         if not room.take(n, size, self.loop.time(), self.site.worker.readers, self):
@@ -212,15 +204,23 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone()
 
-    def pause_writing(self) -> None:  # the client does not read what we write: it has the request timeout to resume
+    def pause_writing(self) -> None:
+        """The client does not take what we write: nothing more is read or dispatched until it does, and it
+        has the request timeout to."""
         self.write_deadline = self.loop.time() + self.site.options.request_timeout
+        self._steer()
 
     def resume_writing(self) -> None:
         self.write_deadline = 0.0
+        self.settle()
+        self._flow()
 
     # llhttp's callbacks (httptools)
 
     def on_message_begin(self) -> None:
+        if not self.answer_room:  # room for its answer first: a request that could not be answered is not read
+            self._take(ANSWER, ANSWER)
+            self.answer_room = ANSWER
         self.url = bytearray()
         self.fields = []
         self.head_fed = 0
@@ -265,15 +265,16 @@ class Connection(asyncio.Protocol):
         keep = (bool(self.site.keepalive) and version == "1.1" and self.parser.should_keep_alive()
                 and not self.parser.should_upgrade()
                 and not (over and (framing.expect or framing.length > DRAIN_LIMIT)))
-        req = Request(method=method, target=target, version=version, headers=[] if refused else self.fields,
+        cycle = Cycle(self, method=method, target=target, version=version, headers=[] if refused else self.fields,
                       length=framing.length, keep_alive=keep, over_limit=over, since=self.head_since,
-                      held=0 if refused else head, refused=refused)
-        self.request = req
+                      held=self.answer_room + (0 if refused else head), refused=refused)
+        self.answer_room = 0  # the cycle's now
+        self.request = cycle
         if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
-            self.ready.append(req)
+            self.ready.append(cycle)
 
     def _hold_head(self, head: int, length: int) -> str:
-        """The head counted in the room by its size from now on (the slices held while it came given back),
+        """The head counted in the budget by its size from now on (the slices held while it came given back),
         and room made for a body up to max_body: "" when it fits, else why not (the head given back too: the
         request is answered 503 from its head, its body dropped)."""
         room = self.site.worker.room
@@ -290,122 +291,84 @@ class Connection(asyncio.Protocol):
         return room.full
 
     def on_body(self, data: bytes) -> None:
-        req = self.request
-        assert req is not None
-        room = self.site.worker.room
-        if req.body_phase is BodyPhase.DROPPING:
-            return
-        if not room.take(len(data), req.size, self.loop.time(), self.site.worker.readers, self):
-            return self._drop_body(room.full)
-        req.held += len(data)
-        req.body.append(data)
+        cycle = self.request
+        assert cycle is not None
+        if not cycle.on_body(data):
+            self._drop_body(self.site.worker.room.full)
 
     def on_message_complete(self) -> None:
-        req = self.request
-        assert req is not None
+        cycle = self.request
+        assert cycle is not None
         self.request = None
-        dropped = req.body_phase is BodyPhase.DROPPING
-        req.body_phase = BodyPhase.RECEIVED
-        if not req.keep_alive:
+        dropped = cycle.body_phase is BodyPhase.DROPPING
+        cycle.body_phase = BodyPhase.RECEIVED
+        if not cycle.keep_alive:
             self.last = True
         if not dropped:
-            self.ready.append(req)
-        elif req.answer_phase is AnswerPhase.ANSWERED:  # dropped to its end after the 413 went out
+            self.ready.append(cycle)
+        elif cycle.answer_phase is AnswerPhase.ANSWERED:  # dropped to its end after the 413 went out
             self._idle()
 
+    # Flow: one cycle with the app, the next once its answer is written and the client takes what we write
+
     def _flow(self) -> None:
-        """The next request to the app if none is with it; reading paused while a whole request waits."""
+        """The next cycle to the app if none is with it and writing is not paused; bytes kept unparsed fed
+        once the queue has room; reading paused or resumed to match."""
         if self.phase is Phase.CLOSED:
             return
-        if self.phase is not Phase.BUSY:
-            if self.ready:
+        writable = not self.write_deadline
+        if self.phase is not Phase.BUSY and writable and self.ready:
+            self._dispatch(self.ready.popleft())
+        if self.unfed and len(self.ready) < IN_FLIGHT:
+            data, self.unfed = self.unfed, b""
+            self.site.worker.room.give_back(len(data))
+            self._read(data)
+            if self.phase is not Phase.BUSY and writable and self.ready:
                 self._dispatch(self.ready.popleft())
-            elif self.refusal is not None:
-                self._send(self.refusal)
-                self.close()
-                return
-        if self.phase is Phase.BUSY and self.transport is not None and (self.ready or self._answering_read()):
+        if self.phase is not Phase.BUSY and writable and not self.ready and self.refusal is not None:
+            if self.refusal:  # counted in its room; none when there was no room for it: closed unanswered
+                self.site.worker.room.give_back(self.answer_room - len(self.refusal))
+                self.answer_room = 0
+                self.send(self.refusal)
+            self.close()
+            return
+        self._steer()
+
+    def _steer(self) -> None:
+        """Reading on only while the client takes our answers, the queue has room and no whole request waits
+        behind the one with the app."""
+        if self.transport is None or self.phase is Phase.CLOSED:
+            return
+        waiting = self.phase is Phase.BUSY and (bool(self.ready) or self._answering_read())
+        if waiting:
             self.deadline = 0.0  # read in full: no client deadline until the answer is out
+        if waiting or self.write_deadline or self.unfed or len(self.ready) >= IN_FLIGHT:
             self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
 
     def _answering_read(self) -> bool:
-        """The request with the app has been read to its end."""
+        """The cycle with the app has been read to its end."""
         return self.answering is not None and self.answering.body_phase is BodyPhase.RECEIVED
 
-    def _dispatch(self, req: Request) -> None:
-        body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
-        req.body = []
-        req.answer_phase = AnswerPhase.WITH_APP
-        if req.refused:  # no room for its body: 503 (the client reads it while its body is dropped)
-            metrics.get().bad_requests.labels("503").inc()
-            self.answering = req
-            self.phase = Phase.BUSY
-            self.loop.call_soon(self.respond, "503 Service Unavailable", JSON, error_body(503, req.refused))
-            return
-        env = request_environ(self.environ, req.method, req.target, req.version, req.length, req.headers, body)
-        self.answering = req
+    def _dispatch(self, cycle: Cycle) -> None:
+        self.answering = cycle
         self.phase = Phase.BUSY
         self.since = self.loop.time()
-        worker = self.site.worker
-        worker.nr += 1
-        if env["PATH_INFO"] == "/metrics":  # judges every runtime, waits on the API server with --metrics-auth
-            req.answer_phase = AnswerPhase.ASIDE
-            scrapes = worker.metrics_threads
-            if not scrapes.offer(self, self.site.app, env):
-                metrics.get().bad_requests.labels("503").inc()
-                self.loop.call_soon(self.respond, "503 Service Unavailable", JSON,
-                                    error_body(503, f"{scrapes.waiting} scrapes are being answered: try again"))
-            return
-        if self.site.tls and req.length <= INLINE_LIMIT:
-            # A small review is answered here, on the loop: two thread hand-overs cost more than the review.
-            # The app may not block here; a cache miss that needs a live read raises WouldBlock and the
-            # request goes to a thread after all.
-            try:
-                with NoBlocking():
-                    answer = worker.threads.call(self.site.app, env, passthrough=WouldBlock)
-            except WouldBlock:
-                env["wsgi.input"].seek(0)
-            else:
-                self.loop.call_soon(self.respond, *answer)
-                return
-        worker.threads.offer(self, self.site.app, env)
+        cycle.dispatch()
 
-    def respond(self, status: str, headers: list[tuple[str, str]], body: bytes,
-                close: Callable[[], object] | None = None) -> None:
-        """On the loop, with the app's answer: written, then the app's result closed, then the next request
-        (or a close of the connection)."""
-        log = self.site.worker.log
-        if self.phase is Phase.CLOSED:
-            close_result(close, log)
-            return
-        req = self.answering
-        assert req is not None
+    def answered(self, cycle: Cycle, keep: bool) -> None:
+        """The cycle's answer is written: the connection closed, or what follows read (or idle)."""
         self.answering = None
-        req.answer_phase = AnswerPhase.ANSWERED
-        self.site.worker.room.release(req)
-        keep = req.keep_alive and self.site.worker.alive
-        try:
-            try:
-                head = response_head(status, headers, len(body), keep)
-            except ValueError as e:  # a header no HTTP/1.1 message can carry: a fault of the app's
-                log.error("the application's answer cannot be sent: %s", e)
-                keep = False
-                body = INTERNAL
-                head = response_head("500 Internal Server Error", JSON, len(INTERNAL), keep)
-            self._send(head + body if body and req.method != b"HEAD" else head)
-        finally:
-            close_result(close, log)
         self.served += 1
         if not keep:
             self.close()
             return
-        if self.ready or req.body_phase is not BodyPhase.RECEIVED or self.url is not None or self.request is not None:
+        if self.ready or cycle.body_phase is not BodyPhase.RECEIVED or self.url is not None or self.request is not None:
             self.phase = Phase.READING  # what follows (or the rest of an over-limit body) is read under a deadline
             self.deadline = self.loop.time() + self.site.options.request_timeout
         else:
             self._idle()
-        if self.transport is not None:
-            self.transport.resume_reading()
         self._flow()
 
     def _idle(self) -> None:
@@ -413,23 +376,38 @@ class Connection(asyncio.Protocol):
         self.since = self.loop.time()
         self.deadline = self.since + self.site.keepalive  # a kept-alive connection waits this long
 
-    def _send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
+        """Written to the transport: its bytes, counted in the worker's budget already, are given back as
+        the transport sends them."""
+        self.unsent += len(data)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+        self.settle()
 
-    # webhook.serving.room: what the worker's room counts for this connection
+    def settle(self) -> None:
+        """What the transport has sent since given back (on a write, when writing resumes, and at each of the
+        worker's sweeps): the transport's write buffer is what is still held."""
+        if self.unsent:
+            left = 0 if self.transport is None else min(self.unsent, self.transport.get_write_buffer_size())
+            self.site.worker.room.give_back(self.unsent - left)
+            self.unsent = left
+
+    # webhook.serving.room: what the worker's budget counts for this connection
 
     def reading(self) -> tuple[int, float] | None:
-        """(bytes held, since its first byte) for the request being read, or None."""
+        """(bytes it would give back, since its first byte) for the request being read, or None: all it holds
+        but its answer's room, which its 503 takes."""
+        if self.refusal is not None:  # refused already: nothing more to give
+            return None
         if self.url is not None:
             return self.head_fed, self.head_since
-        req = self.request
-        if req is None or req.body_phase is not BodyPhase.KEEPING:
+        cycle = self.request
+        if cycle is None or cycle.body_phase is not BodyPhase.KEEPING:
             return None
-        return req.held, req.since
+        return cycle.held - ANSWER, cycle.since
 
     def give_way(self, why: str) -> None:
-        """The room is needed: the request being read is answered 503: a head, then the connection closed; a
+        """The budget is needed: the request being read is answered 503: a head, then the connection closed; a
         body, its rest dropped."""
         if self.url is not None:
             self._refuse(503, why)
@@ -440,28 +418,39 @@ class Connection(asyncio.Protocol):
     def _drop_body(self, why: str) -> None:
         """The request whose body is being read is answered 503 (after the answers before it), the rest of its
         body dropped as it comes."""
-        req = self.request
-        assert req is not None
-        req.refused = why
-        req.body_phase = BodyPhase.DROPPING
-        req.body = []
-        req.headers = []
-        self.site.worker.room.release(req)
-        self.ready.append(req)
+        cycle = self.request
+        assert cycle is not None
+        cycle.drop(why)
+        self.ready.append(cycle)
 
     def _refuse(self, code: int, message: str) -> None:
-        """Answer a request the worker refuses itself, after the answers before it, then close."""
+        """Answer a request the worker refuses itself, after the answers before it, then close: in the room
+        held for its answer (the head's, or taken now); with no room for it, closed unanswered."""
+        if self.refusal is not None:
+            return
         metrics.get().bad_requests.labels(str(code)).inc()
-        self.site.worker.room.give_back(self.head_fed)  # nothing more is read
-        self.head_fed = 0
+        room = self.site.worker.room
+        room.give_back(self.head_fed + len(self.unfed))  # nothing more is read
+        self.head_fed, self.unfed = 0, b""
         self.last = True
-        body = error_body(code, message)
-        self.refusal = response_head(f"{code} {REASONS.get(code, 'Bad Request')}", JSON, len(body), False) + body
+        if not self.answer_room:
+            if self.request is not None and self.request not in self.ready:  # its body will not come whole
+                room.release(self.request)
+            if room.take(ANSWER, ANSWER, self.loop.time(), self.site.worker.readers, self):
+                self.answer_room = ANSWER
+        self.refusal = error_answer(code, message, False, self.answer_room) if self.answer_room else b""
 
     def expire(self, now: float) -> None:
-        """A deadline passed: handshake, request or write too slow (counted), or idle too long."""
+        """A deadline passed: handshake, request or write too slow (counted; a client that does not take its
+        answers logged too), or idle too long."""
         if self.write_deadline and now >= self.write_deadline:
             metrics.get().client_timeouts.labels("write").inc()
+            self.settle()
+            self.site.worker.log.warning(
+                "closing a connection from %s:%s: it has not read its answers for %gs (%d bytes unsent, %d requests"
+                " read and waiting, at most %d; what it sent past them unread)", self.environ.get("REMOTE_ADDR"),
+                self.environ.get("REMOTE_PORT"), self.site.options.request_timeout, self.unsent, len(self.ready),
+                IN_FLIGHT)
         elif self._inside_request():
             metrics.get().client_timeouts.labels("request").inc()
         elif self.phase is Phase.HANDSHAKE:
@@ -488,10 +477,10 @@ class Connection(asyncio.Protocol):
 
     def gone(self) -> None:
         room = self.site.worker.room
-        for req in (self.request, self.answering, *self.ready):
-            room.release(req)
-        room.give_back(self.head_fed)
-        self.head_fed = 0
+        for cycle in (self.request, self.answering, *self.ready):
+            room.release(cycle)
+        room.give_back(self.head_fed + len(self.unfed) + self.unsent + self.answer_room)
+        self.head_fed, self.unfed, self.unsent, self.answer_room = 0, b"", 0, 0
         self.phase = Phase.CLOSED
         self.last = True
         self.deadline = 0.0

@@ -14,6 +14,8 @@ from .wsgi import AppThreads, WSGIApp
 
 DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
+ASIDE = frozenset({"/metrics"})  # paths answered on threads of their own: /metrics judges every runtime and may
+                                 # wait on the API server (--metrics-auth), never holding the reviews' threads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,7 +23,7 @@ class WorkerOptions:
     handshake_timeout: float = DEFAULT_READ_TIMEOUT  # accept to end of the TLS handshake
     request_timeout: float = DEFAULT_READ_TIMEOUT    # first byte of a request to its last
     max_body: int = DEFAULT_MAX_BODY
-    max_body_in_flight: int = 0  # request bytes held at once (webhook.serving.room); 0: max_body + HEADROOM
+    max_body_in_flight: int = 0  # the worker's budget (webhook.serving.room); 0: room.BUDGET
     metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
     metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
 
@@ -57,8 +59,13 @@ class Site:
         self.cfg = worker.cfg
         self.options = worker.options
         self.bodies = bodies  # False on the metrics listener: it takes no request body
+        self.aside_paths = ASIDE
         self.keepalive = float(self.cfg.keepalive)
         self.base_environ = {
             "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),
             "wsgi.url_scheme": "https" if tls else "http", "wsgi.errors": sys.stderr, "wsgi.multithread": True,
             "wsgi.multiprocess": self.cfg.workers > 1, "wsgi.run_once": False, "wsgi.input_terminated": True}
+
+    def aside(self, path: str) -> bool:
+        """The routing choice the connections make: a path answered on the threads set aside for it."""
+        return path in self.aside_paths

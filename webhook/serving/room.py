@@ -1,5 +1,16 @@
-"""The request bytes one worker holds at once (issues 25 and 33): what keeps a burst of large reviews, or a
-thousand clients that each send part of a request and stall, from taking a worker past its memory.
+"""The bytes one worker holds for its clients at once (issues 25, 33 and 47): what keeps a burst of large reviews,
+a thousand clients that each send part of a request and stall, a body that parses to many times its size, or a
+client that pipelines requests and reads none of the answers, from taking a worker past its memory.
+
+The budget counts request bytes (below), each request's parsed form by its bound, taken before parsing
+(webhook.serving.cycle, webhook.serving.codec.parsed_bound: a body whose bound cannot fit is 413, one that does
+not fit now 429), and answers written until the transport has sent them. Every count is taken under the cap,
+so `used` never passes it: a request holds ANSWER bytes for its answer from its first byte (a request for
+which even they cannot be made room is not answered: its connection is closed), enough for any answer the
+worker makes itself (a refusal: webhook.serving.wsgi.error_answer); its answer is counted in place of what it
+holds (`answer`), the rest given back, and an answer larger than that takes the difference like any other
+bytes, or is replaced by a 503 (webhook.serving.cycle). A connection writes no more while its client does
+not read (webhook.serving.connection).
 
 Every byte a worker holds for a request counts, from the request's first byte until it is answered or its
 connection is gone: the head as it is buffered (each slice fed while the head is incomplete, then the
@@ -26,7 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-HEADROOM = 1024 * 1024  # the default cap is the largest body and this: small reviews fit beside a large one
+ANSWER = 1024           # bytes a request holds for its answer from its first byte: any refusal of the worker's fits
+BUDGET = 64 * 1024 * 1024  # the default cap: a 7 MiB body with its parsed form (its bound: webhook.serving.codec)
+                           # and others beside it; two workers' budgets and their ~45 MiB each fit in 384Mi
 GRACE = 0.1             # seconds: a request younger than this keeps its room (unless much bigger than the newcomer)
 BIGGER = 2              # ... a request holding over this many times the newcomer's whole request gives way
 MIN_RATE = 1024 * 1024  # bytes/s since a request's first byte: one read slower gives way when room is needed
@@ -72,12 +85,25 @@ class Room:
         return True
 
     def give_back(self, n: int) -> None:
+        if not 0 <= n <= self.used:  # a count given back twice, or never taken: a fault of the caller's
+            raise ValueError(f"{n} bytes given back with {self.used} held")
         self.used -= n
 
     def release(self, request) -> None:
         """All that is counted for `request` (None, or a request whose `held` is what is counted) given back."""
         if request is not None and request.held:
-            self.used, request.held = self.used - request.held, 0
+            self.give_back(request.held)
+            request.held = 0
+
+    def answer(self, request, n: int, now: float, readers: Callable[[], Iterable[Reader]], newcomer: Reader) -> bool:
+        """`request`'s answer of `n` bytes counted in place of what it holds (the rest given back; the answer
+        is given back as it is sent); the difference taken if the answer is larger. False, and nothing
+        changed, when the difference cannot fit."""
+        if n > request.held and not self.take(n - request.held, n, now, readers, newcomer):
+            return False
+        self.give_back(max(request.held - n, 0))
+        request.held = 0
+        return True
 
     def _give_way(self, n: int, size: int, now: float, readers: Iterable[Reader], newcomer: Reader) -> bool:
         slow = []

@@ -36,7 +36,7 @@ from gunicorn.workers import base
 from ..process import metrics
 from .connection import AnswerPhase, Connection, Phase
 from .listener import Site, WorkerOptions
-from .room import HEADROOM, Room
+from .room import BUDGET, Room
 from .wsgi import AppThreads
 
 ACCEPT_PAUSE = 0.002            # after each accept, the next connection is left to the other workers this long
@@ -66,7 +66,7 @@ class Worker(base.Worker):
         self.quick = False  # SIGQUIT or SIGINT: stop now
         self.tasks: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
         self.options: WorkerOptions = getattr(self.app, "worker_options", None) or WorkerOptions()
-        self.room = Room(self.options.max_body_in_flight or self.options.max_body + HEADROOM)
+        self.room = Room(self.options.max_body_in_flight or BUDGET)
 
     def init_process(self) -> None:  # gunicorn calls it after fork
         self.loop = new_event_loop()
@@ -210,6 +210,7 @@ class Worker(base.Worker):
         """Close connections past a deadline; True when a request has been with the app too long."""
         stuck = False
         for conn in list(self.connections):
+            conn.settle()  # answer bytes the transport has sent since: given back to the budget
             if (conn.deadline and now >= conn.deadline) or (conn.write_deadline and now >= conn.write_deadline):
                 conn.expire(now)
             elif conn.phase is Phase.BUSY and now - conn.since > stuck_after and not self._aside(conn):

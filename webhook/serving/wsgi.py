@@ -49,6 +49,9 @@ def request_environ(base: dict, method: bytes, target: bytes, version: str, leng
 
 JSON = [("Content-Type", "application/json")]
 INTERNAL = error_body(500, "internal error")
+REASONS = {400: "Bad Request", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
+           429: "Too Many Requests", 431: "Request Header Fields Too Large", 503: "Service Unavailable",
+           505: "HTTP Version Not Supported"}
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length"))
 
 
@@ -142,3 +145,25 @@ def close_result(close: Callable[[], object] | None, log) -> None:
             close()
         except Exception:
             log.exception("Error closing a response")
+
+
+def error_answer(code: int, message: str, keep: bool, limit: int) -> bytes:
+    """A refusal of the worker's, head and body, in at most `limit` bytes (its room in the worker's budget,
+    webhook.serving.room.ANSWER): the message cut to the longest start that fits (found by halving: a
+    character takes 1 to 12 bytes once escaped)."""
+    headers = JSON + [("Retry-After", "1")] if code == 429 else JSON
+    status = f"{code} {REASONS.get(code, 'Bad Request')}"
+
+    def answer(n: int) -> bytes:
+        body = error_body(code, message[:n])
+        return response_head(status, headers, len(body), keep) + body
+
+    fits, over = 0, len(message) + 1
+    if len(answer(len(message))) <= limit:
+        fits = len(message)
+    while over - fits > 1 and fits < len(message):
+        n = (fits + over) // 2
+        fits, over = (n, over) if len(answer(n)) <= limit else (fits, n)
+    if len(answer(fits)) > limit:
+        raise ValueError(f"a refusal of code {code} cannot fit in {limit} bytes")
+    return answer(fits)
