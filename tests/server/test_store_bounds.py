@@ -180,7 +180,8 @@ def namespaced(name: str, namespace: str, volumes: int = 0) -> dict:
 
 @pytest.mark.rules("R5")
 def test_a_namespace_past_its_share_gets_the_documented_answer_and_another_is_admitted(tmp_path):
-    share = 200_000  # three runtimes of about 65 KB
+    each = len(Runtime.of(namespaced("big-0", "team-a", 1000)).to_bytes())  # some 70 KB stored
+    share = each * 7 // 2  # three of them, not four
     writer = StoreWriter(str(tmp_path), namespace_share=share)
     writer.replace(KIND, [])
     writer.replace(NAMESPACED_KIND, [namespaced(f"big-{i}", "team-a", 1000) for i in range(5)]
@@ -198,7 +199,7 @@ def test_a_namespace_past_its_share_gets_the_documented_answer_and_another_is_ad
     said = refused["status"]["details"]["causes"][0]["message"]
     held = writer.namespace_bytes(NAMESPACED_KIND, "team-a")
     size = int(re.search(r"its namespace team-a holds ([\d,]+) bytes of TrainingRuntimes", said)[1].replace(",", ""))
-    assert share - 70_000 < size <= share and size <= held, "the namespace's size, as held"
+    assert share - each < size <= share and size <= held, "the namespace's size, as held"
     assert f"would pass the namespace's share of {share:,} bytes" in said, said
     for allowed in (trainjob(namespace="team-b", runtime_name="small", kind=NAMESPACED_KIND),
                     trainjob(namespace="team-a", runtime_name="big-0", kind=NAMESPACED_KIND)):

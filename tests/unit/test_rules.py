@@ -354,7 +354,7 @@ def test_r5_a_sidecar_mounting_the_publish_volume_by_name():
 
 
 def test_r5_a_sidecar_mount_is_seen_beside_a_runtime_alike_in_every_other_name():
-    """Jobs alike in every field are shared (runtimes.\_interned): one that differs only in what its sidecar mounts
+    """Jobs alike in every field are shared (runtimes._interned): one that differs only in what its sidecar mounts
     by name is another job. (Keyed by some of the fields, the second runtime took the first's clean job.)"""
     clean = RuntimeIndex([route2_runtime(sidecar=["scratch"])])
     assert answer(admission(ROUTE2, runtimes=clean), trainjob())["allowed"]
