@@ -250,6 +250,12 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({got.returncode}):\n{got.stdout}\n{got.stderr}")
         return got
 
+    def kubectl_follow(self, *args: str, out, stderr: int | None = subprocess.STDOUT) -> subprocess.Popen:
+        """A long-running kubectl (`get --watch`, `logs -f`) writing to the file `out`, in its own session (stop it
+        with tests.process.stop): the one way a test follows something with kubectl."""
+        return subprocess.Popen([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args], stdout=out,
+                                stderr=stderr, start_new_session=True)
+
     def apply(self, doc: dict | str, *flags: str, check: bool = True):
         text = doc if isinstance(doc, str) else yaml.safe_dump(doc)
         return self.kubectl("apply", "-f", "-", *flags, stdin=text, check=check)

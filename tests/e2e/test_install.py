@@ -822,8 +822,7 @@ def test_one_webhook_pod_deleted_loses_nothing_beyond_its_requests_in_flight(ins
     victim = inst.ready_pods()[0]["metadata"]["name"]
     log_path = inst.tmp / f"{victim}.log"
     with open(log_path, "wb") as out:
-        follower = subprocess.Popen([c.kubectl_bin, "--kubeconfig", c.kubeconfig, "logs", "-f", "--timestamps",
-                                     "-n", RNS, victim], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        follower = c.kubectl_follow("logs", "-f", "--timestamps", "-n", RNS, victim, out=out)
     load = Load(c, "pod-delete").start()
     try:
         load.wait_creates(10)

@@ -73,10 +73,9 @@ class Watch:
     def __init__(self, cluster: ControlPlane, namespace: str, path: Path):
         self.path = path
         with open(path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [cluster.kubectl_bin, "--kubeconfig", cluster.kubeconfig, "get", "trainjobs", "-n", namespace,
-                 "--watch", "--output-watch-events", "-o", "json"],
-                stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
+            self.proc = cluster.kubectl_follow("get", "trainjobs", "-n", namespace, "--watch",
+                                               "--output-watch-events", "-o", "json", out=out,
+                                               stderr=subprocess.DEVNULL)
 
     def versions(self, name: str) -> list[dict]:
         text, decoder, at, found = self.path.read_text(), json.JSONDecoder(), 0, []
