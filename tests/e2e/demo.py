@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -57,6 +58,7 @@ def main() -> int:
         signal.signal(sig, lambda *_: stop.set())
     tmp = Path(tempfile.mkdtemp(prefix="dispatch-demo-"))
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: the cluster's files, its kubeconfig among them
         say("starting the cluster (etcd, kube-apiserver, containerd, a kubelet, Trainer, JobSet)")
         nc = start_trainer_on_node(stack, tmp)
         kubeconfig = nc.cluster.kubeconfig
