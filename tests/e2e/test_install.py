@@ -1179,7 +1179,9 @@ def test_one_tenant_cannot_stop_admission(inst):
         for got in report["pods"].values():
             assert got["serving restarts"] == 0 and got["oom kills"] == {"webhook": "0", "runtime-keeper": "0"}, got
             assert got["keeper peak working set MiB"] < got["keeper limit MiB"], got
-            assert got["live GETs/s"] <= limit * 1.2, got
+            # a bucket per namespace (issue 47): the flood names TrainingRuntimes of tenant-a and ClusterTrainingRuntimes,
+            # two buckets of `limit` a second each (tenant B's TrainJobs name a runtime the store holds: no read)
+            assert got["live GETs/s"] <= 2 * limit * 1.2, got
             assert got["cache size"].get("TrainingRuntime", 0) > HOSTILE_RUNTIMES, got  # with "small"
         answered = {k: v for k, v in flood.items() if k.startswith("review 200")}
         assert sum(answered.values()) > 1000 and set(answered) <= {"review 200 404", "review 200 503"}, flood
