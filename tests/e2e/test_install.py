@@ -996,7 +996,9 @@ def test_client_certificates_close_the_webhook_port_through_the_chart(inst):
     cluster CA). TrainJobs are still admitted through both pods; a client without that certificate (any pod, here
     the host) is refused at the handshake and never reaches a review."""
     c = inst.cluster
-    values = {**inst.values, "clientCA": {"pem": Path(c.ca_file).read_text()}}
+    # The subject the harness's API server presents (cluster.py); the chart serves only the subjects it lists.
+    values = {**inst.values, "clientCA": {"pem": Path(c.ca_file).read_text(),
+                                          "allowedSubjects": ["kube-apiserver-webhook-client"]}}
     inst.helm_run("upgrade", RELEASE, str(CHART), "--namespace", RNS, "--wait", "--timeout", "5m", values=values)
     try:
         pods = inst.wait_settled()

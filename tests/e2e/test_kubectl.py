@@ -12,7 +12,7 @@ import yaml
 from tests.e2e.webhooks import ROUTE_LABEL, SKIP_MUTATION_LABEL, webhooks_swapped
 from tests.helpers import EXAMPLES, MANAGER, eventually, mount_patch, pod_patch, trainjob
 from webhook.commands.files import load_settings as load
-from webhook.core import patch, rules
+from webhook.core import patch, registry
 
 NS = "team-a"
 
@@ -30,7 +30,7 @@ def expected_entry(settings_file: str, runtime_file: str, runtime_name: str, tim
     settings = load(str(EXAMPLES / "settings" / settings_file))
     docs = [d for d in yaml.safe_load_all((EXAMPLES / "runtimes" / runtime_file).read_text()) if d]
     runtime = next(d for d in docs if d["metadata"]["name"] == runtime_name)
-    return patch.Entry.build(settings, rules.runtime_facts(runtime, settings).targets).as_dict(time_text)
+    return patch.Entry.build(settings, registry.runtime_facts(runtime, settings).targets).as_dict(time_text)
 
 
 def refused(env, job, *flags):
