@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, NotFound
@@ -86,9 +86,10 @@ def json_response(body: dict, code: int) -> Response:
 
 class Reviews:
     """The review paths: POST /mutate, /validate and /runtimes over one Admission, any other method 405. The
-    worker's request cycle (webhook.serving.cycle) hands a review here as its method, Content-Type and body, no
-    WSGI environ, and gets its answer (the accounting to run once it is sent, off the API server's clock as
-    its close()), or, where the review waits for a read that may block, the rest of it to run on a thread."""
+    worker's request cycle (webhook.serving.cycle) hands a review here as its method, Content-Type, body and
+    Content-Length, no WSGI environ, and gets its answer (the accounting to run once it is sent, off the API
+    server's clock, as its close()), or, where the review waits for a read that may block, the rest of it to
+    run on a thread."""
 
     paths: dict[bytes, Verb] = {b"/mutate": MUTATE, b"/validate": VALIDATE, b"/runtimes": RUNTIMES}
 
@@ -96,12 +97,13 @@ class Reviews:
         self.admission, self.max_body, self.review_log = admission, max_body, review_log
         self.families = metrics.get()
         self.latency = {v: self.families.latency.labels(v.value) for v in Verb}
+        self.counters: dict[tuple[str, str, str], Any] = {}  # reviews_total's children, by their labels
 
-    def begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes) -> Answer | Later:
+    def begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int) -> Answer | Later:
         """The answer, or what is left of the review once a read it waits for may block (a thread runs it)."""
         started = time.perf_counter()
         try:
-            got = self._begin(verb, method, content_type, body, started)
+            got = self._begin(verb, method, content_type, body, length, started)
             if isinstance(got, tuple):
                 return got
             return partial(self._finish, verb, got, started)
@@ -109,12 +111,12 @@ class Reviews:
             log.exception("unexpected error serving %s", verb.value)
             return _answer(500, INTERNAL)
 
-    def answer(self, verb: Verb, method: bytes, content_type: bytes, body: bytes) -> Answer:
+    def answer(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int) -> Answer:
         """The answer, made where blocking is allowed (an app thread)."""
-        got = self.begin(verb, method, content_type, body)
+        got = self.begin(verb, method, content_type, body, length)
         return got if isinstance(got, tuple) else got()
 
-    def _begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes,
+    def _begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int,
                started: float) -> Answer | Reviewing[Result]:
         if method != b"POST":
             return _answer(405, refused(405, "the review paths take POST only"), extra=ALLOW_POST)
@@ -122,7 +124,7 @@ class Reviews:
         if mimetype != b"application/json":
             shown = mimetype.decode("latin-1")
             return _answer(415, refused(415, f"Content-Type must be application/json, not {shown or 'none'!r}"))
-        if len(body) > self.max_body:  # the worker answers an over-limit body at its head; its own limit here
+        if length > self.max_body:  # by its Content-Length: the worker drops an over-limit body as it comes
             return _answer(413, refused(413, f"the body is over the limit of {self.max_body} bytes"))
         try:
             doc = loads(body)
@@ -158,7 +160,11 @@ class Reviews:
     def account(self, verb: Verb, response: AdmissionReview, outcome: Outcome, elapsed: float) -> None:
         """The review's metrics and, where the review log is on, its line."""
         self.latency[verb].observe(elapsed)
-        self.families.reviews.labels(verb.value, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+        labels = (verb.value, "allowed" if outcome.allowed else "denied", outcome.sentinel)
+        counter = self.counters.get(labels)
+        if counter is None:  # a few dozen label sets at most (verbs, allowed, the sentinels): labels() once each
+            counter = self.counters[labels] = self.families.reviews.labels(*labels)
+        counter.inc()
         would_deny = outcome.would_deny
         metrics.count_would_deny(self.families, would_deny)
         if not (outcome.intercepted and self.review_log.enabled):

@@ -135,13 +135,13 @@ class Cycle:
         content_type = next((v for k, v in self.headers if k == b"content-type"), b"")
         if site.tls and self.length <= INLINE_LIMIT:
             with NoBlocking():
-                got = reviews.begin(route, self.method, content_type, body)
+                got = reviews.begin(route, self.method, content_type, body, self.length)
             if isinstance(got, tuple):
                 site.loop.call_soon(self.respond, *got)
             else:
                 threads.offer(self, got)
             return
-        threads.offer(self, partial(reviews.answer, route, self.method, content_type, body))
+        threads.offer(self, partial(reviews.answer, route, self.method, content_type, body, self.length))
 
     def _hold_parsed(self, body: bytes) -> tuple[int, str] | None:
         """The bound of the body's parsed form (webhook.serving.codec.parsed_bound: four counts of its bytes,
