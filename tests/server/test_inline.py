@@ -1,9 +1,11 @@
-"""Reviews answered on the worker's loop: a cache miss that needs a live read goes to a thread instead."""
+"""Reviews answered on the worker's loop: a runtime that needs a live read is read on a thread, and the review goes
+on there from the point where it waited (issue 49: nothing before it is done again)."""
 
 import pytest
 
 from tests.helpers import admission, review, trainjob
-from webhook.core.runtimes import WouldBlock
+from webhook.core import admission as admission_mod
+from webhook.core.runtimes import PENDING
 from webhook.kube.cluster import ClusterRuntimes
 from webhook.process.blocking import NoBlocking, blocking_allowed
 
@@ -15,22 +17,58 @@ class Source:
     def get(self, kind, namespace, name):
         self.calls += 1
         if not blocking_allowed():
-            raise WouldBlock("miss")
+            return PENDING
         return None
 
     def ready(self):
         return True
 
 
-def test_would_block_passes_through_the_core_and_the_retry_answers():
+def test_a_review_waits_at_the_miss_and_goes_on_from_there(monkeypatch):
+    scans = []
+    scan = admission_mod.rules.scan
+    monkeypatch.setattr(admission_mod.rules, "scan", lambda *a: scans.append(1) or scan(*a))
     source = Source()
     adm = admission(runtimes=source)
     with NoBlocking():
-        with pytest.raises(WouldBlock):
-            adm.review(review(trainjob(runtime_name="new")), "mutate")
+        reviewing = adm.begin(review(trainjob(runtime_name="new")), "mutate")
+    assert reviewing.result is None and reviewing.read is not None and source.calls == 1 and scans == [1]
     assert blocking_allowed()
-    resp = adm.review(review(trainjob(runtime_name="new")), "mutate")[0]["response"]
+    resp = reviewing.finish()[0]["response"]
     assert resp["status"]["code"] == 404 and source.calls == 2  # not found, after the (allowed) live read
+    assert scans == [1]  # the TrainJob was read once: the review went on from the runtime read
+
+
+def test_a_review_answered_without_a_miss_is_answered_at_once():
+    adm = admission()
+    with NoBlocking():
+        reviewing = adm.begin(review(trainjob()), "mutate")
+    assert reviewing.read is None and reviewing.result is not None
+    assert reviewing.finish() is reviewing.result
+
+
+def test_a_read_that_fails_on_the_thread_is_the_review_s_unavailable_reason():
+    from webhook.core.runtimes import RuntimeUnavailable
+
+    class Down(Source):
+        def get(self, kind, namespace, name):
+            if not blocking_allowed():
+                return PENDING
+            raise RuntimeUnavailable("the API server is down")
+
+    with NoBlocking():
+        reviewing = admission(runtimes=Down()).begin(review(trainjob(runtime_name="new")), "mutate")
+    resp = reviewing.finish()[0]["response"]
+    assert not resp["allowed"] and "the API server is down" in resp["status"]["message"]
+
+
+def test_a_source_still_pending_where_blocking_is_allowed_is_unavailable():
+    class Stuck(Source):
+        def get(self, kind, namespace, name):
+            return PENDING
+
+    resp = admission(runtimes=Stuck()).review(review(trainjob(runtime_name="new")), "mutate")[0]["response"]
+    assert not resp["allowed"] and "cannot answer without blocking" in resp["status"]["message"]
 
 
 class API:
@@ -59,14 +97,13 @@ def cluster(tmp_path):
     return make
 
 
-def test_cluster_runtimes_raise_would_block_on_a_miss_only_where_blocking_is_forbidden(cluster):
+def test_cluster_runtimes_answer_a_miss_pending_only_where_blocking_is_forbidden(cluster):
     api = API()
     writer, runtimes = cluster(api)
     writer.put({"kind": "ClusterTrainingRuntime", "metadata": {"name": "known"}})
     with NoBlocking():
         assert runtimes.get("ClusterTrainingRuntime", "", "known").name == "known"
-        with pytest.raises(WouldBlock):
-            runtimes.get("ClusterTrainingRuntime", "", "unknown")
+        assert runtimes.get("ClusterTrainingRuntime", "", "unknown") is PENDING
     assert api.reads == []
     runtimes.get("ClusterTrainingRuntime", "", "unknown")
     assert api.reads == [("ClusterTrainingRuntime", "", "unknown")]

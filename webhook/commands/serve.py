@@ -313,16 +313,13 @@ def _worker_app(config: ServeConfig, tls: certs.ReloadingContext, store_director
 
     metrics.watch_certificates(tls.expiry)
     metrics.name_runtimes(config.runtime_metric_labels)
-    current = [config.settings]
-    runtimes = _runtime_source(config, lambda: current[0], store_directory)
-
-    def rejudge(settings: Settings) -> None:
-        """The runtimes' readiness is judged under the settings just taken from the next scrape (SPEC 8.3)."""
-        current[0] = settings
-
-    return create_app(config.settings, runtimes, tls.valid, config.listening.max_body,
-                      enforcement=config.enforcement, serve_metrics=config.listening.metrics_bind is None,
-                      live=config.live_settings(), on_switch=rejudge, grace=config.grace)
+    # The runtimes' readiness is judged at each scrape under the settings the reviews use (SPEC 8.3): the
+    # Admission's, held there alone (the app is made below, before any scrape).
+    runtimes = _runtime_source(config, lambda: app.reviews.admission.settings, store_directory)
+    app = create_app(config.settings, runtimes, tls.valid, config.listening.max_body,
+                     enforcement=config.enforcement, serve_metrics=config.listening.metrics_bind is None,
+                     live=config.live_settings(), grace=config.grace)
+    return app
 
 
 def run(config: ServeConfig) -> int:

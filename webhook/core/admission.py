@@ -8,16 +8,20 @@ An UPDATE is ratcheted (SPEC 6.3): the old object is judged the same way, and on
 not already give refuse; the runtime is read only when the update changes what the runtime rules read.
 Settings change while serving (SPEC 2.1): `Admission.switch` takes new ones, the previous settings'
 entry stays acceptable on CREATE for a grace period, and an S4 refusal is preceded by one `refresh`.
+
+A review is a `Reviewing`: it runs until it is answered or until it needs a read that would block where its
+caller forbade blocking (a runtime the source answers `PENDING` for, the settings read again); then `finish()`,
+called where blocking is allowed, makes that read and the review goes on from where it waited. `review()` is both.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, NamedTuple, TypeVar
+from functools import lru_cache, partial
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from . import patch, rules
 from .decision import (
@@ -45,19 +49,24 @@ from .rule import Checks, Lookup, Point, Registry
 from .runtimes import (
     GROUP,
     KINDS,
+    PENDING,
     PLURALS,
     TRAINJOB_KIND,
+    Memos,
     Runtime,
     RuntimeFacts,
     RuntimeRef,
     RuntimeSource,
     RuntimeUnavailable,
-    WouldBlock,
+    utf8_size,
 )
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")  # what a guarded check returns
+Read = Callable[[], Any]  # a read a review waits for (it may block): its result is where the review goes on
+Steps = Generator[Read, Any, T]  # a review's work, yielding each read that would block
+Result = tuple[AdmissionReview, Outcome]
 
 TRAINJOBS = PLURALS[TRAINJOB_KIND]
 RUNTIME_RESOURCES = {PLURALS[kind]: kind for kind in KINDS}  # resource -> kind
@@ -106,15 +115,68 @@ def _guarded(checks: Checks, reasons: Reasons, check: Callable[..., T], *args: A
     """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
     try:
         return check(*args)
-    except WouldBlock:
-        raise  # not a fault: the review is answered again where blocking is allowed
     except RecursionError:
         rules.too_deep(reasons, checks)
     except Exception:
-        log.exception("internal error while checking")
-        reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
-                    RULE_INTERNAL)
+        _internal(reasons)
     return None
+
+
+def _guarded_steps(checks: Checks, reasons: Reasons, check: Callable[..., Steps[T]], *args: Any) -> Steps[T | None]:
+    """`_guarded` for a phase that may wait for a read."""
+    try:
+        return (yield from check(*args))
+    except RecursionError:
+        rules.too_deep(reasons, checks)
+    except Exception:
+        _internal(reasons)
+    return None
+
+
+def _internal(reasons: Reasons) -> None:
+    log.exception("internal error while checking")
+    reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
+                RULE_INTERNAL)
+
+
+def _decided_size(decided: Decided) -> int:
+    """What a Decided holds past the entries (shared by every runtime with the same targets), in bytes, roughly."""
+    return 512 + sum(utf8_size(t) + 64 for t in decided.facts.targets) + sum(
+        utf8_size(r.text) + utf8_size(r.field) + 128 for r in decided.facts.reasons)
+
+
+def _refuses_s4(decision: Decision) -> bool:
+    return any(r.rule == S4.id for r in decision.reasons)
+
+
+class Reviewing(Generic[T]):
+    """One review under way: `result` once answered; else `read`, what it waits for. `finish()`, where blocking is
+    allowed, makes each read it waits for and goes on from there to its answer."""
+
+    __slots__ = ("_steps", "read", "result")
+
+    def __init__(self, steps: Steps[T]):
+        self._steps = steps
+        self.read: Read | None = None
+        self.result: T | None = None
+        self._go(steps.send, None)
+
+    def _go(self, step: Callable[[Any], Read], value: Any) -> None:
+        try:
+            self.read = step(value)
+        except StopIteration as done:
+            self.read, self.result = None, done.value
+
+    def finish(self) -> T:
+        while (read := self.read) is not None:
+            try:
+                value = read()
+            except Exception as e:  # the review takes the read's fault where it asked for it
+                self._go(self._steps.throw, e)
+            else:
+                self._go(self._steps.send, value)
+        assert self.result is not None
+        return self.result
 
 
 class _Live(NamedTuple):
@@ -170,6 +232,8 @@ class Admission:
         self.refresh = refresh
         self.monotonic = monotonic
         self._live = _Live(settings, None, 0.0)
+        # What the rules decided of each runtime read, for the settings in use (`_live`, replaced whole on a switch).
+        self.memos: Memos[Decided] = Memos(_decided_size)
 
     @property
     def settings(self) -> Settings:
@@ -187,27 +251,33 @@ class Admission:
     # ---- per-runtime facts, worked out once per runtime, settings and rules in force, and kept with it ----
 
     def facts(self, runtime: Runtime | dict[str, Any]) -> tuple[RuntimeFacts, Entry | None]:
-        decided = self._decided(self._live, Runtime.of(runtime), self.checks)
+        decided = self._decided(self._live, Runtime.of(runtime))
         return decided.facts, decided.entry
 
-    @staticmethod
-    def _decided(live: _Live, runtime: Runtime, checks: Checks) -> Decided:
-        memo = runtime.memo[0]  # one read: another thread may replace it, never half of it
-        if memo is not None and memo[0] is live.settings and memo[1] is live.previous and memo[2] is checks:
-            kept: Decided = memo[3]
+    def _decided(self, live: _Live, runtime: Runtime) -> Decided:
+        kept = self.memos.get(runtime, live)
+        if kept is not None:
             return kept
         settings, prev = live.settings, live.previous
-        facts = rules.runtime_facts(runtime, settings, checks)
+        facts = rules.runtime_facts(runtime, settings, self.checks)
         targets = facts.targets
         decided = Decided(facts, _entry(settings, targets) if settings.configured and targets else None,
                           _entry(prev, targets) if prev is not None and prev.configured and targets else None)
-        runtime.memo[0] = (settings, prev, checks, decided)
+        self.memos.put(runtime, live, decided)
         return decided
 
     # ---- reviews ----
 
-    def review(self, doc: Any, verb: Verb | str) -> tuple[AdmissionReview, Outcome]:
-        """Answer one AdmissionReview. Raises BadReview for a body that is not one."""
+    def review(self, doc: Any, verb: Verb | str) -> Result:
+        """Answer one AdmissionReview, making any read it needs. Raises BadReview for a body that is not one."""
+        return Reviewing(self._review(doc, verb)).finish()
+
+    def begin(self, doc: Any, verb: Verb | str) -> Reviewing[Result]:
+        """Answer one AdmissionReview as far as it goes without a read that would block where the caller forbids
+        blocking (see `Reviewing`). Raises BadReview for a body that is not one."""
+        return Reviewing(self._review(doc, verb))
+
+    def _review(self, doc: Any, verb: Verb | str) -> Steps[Result]:
         if verb.__class__ is not Verb:
             verb = Verb(verb)
         req = parse_review(doc)
@@ -218,14 +288,17 @@ class Admission:
             return build_response(uid, [], [], []), Outcome(uid=uid, verb=verb, operation=operation)
         name = namespace = ""
         try:
-            plan = self.plan(req)
+            plan = yield from self._plan(req)
             name, namespace = plan.name, plan.namespace
             warn = self.enforcement is Enforcement.WARN
             decision = mutation(plan) if verb is Verb.MUTATE else validation(plan, warn=warn)
-            if verb is Verb.VALIDATE and plan.stage is Stage.CREATE and self._refreshed(decision):
-                plan = self.plan(req)  # the settings changed: judged again with them
-                decision = validation(plan, warn=warn)
-        except (BadReview, WouldBlock):
+            refresh = self.refresh  # before an S4 refusal: the settings read once more (SPEC 2.1)
+            if verb is Verb.VALIDATE and plan.stage is Stage.CREATE and refresh and _refuses_s4(decision):
+                fresh = yield refresh
+                if fresh is not None and self.switch(fresh):
+                    plan = yield from self._plan(req)  # the settings changed: judged again with them
+                    decision = validation(plan, warn=warn)
+        except BadReview:
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
             decision = Decision(reasons=tuple(rules.too_deep(Reasons(), self.checks)))
@@ -242,15 +315,11 @@ class Admission:
                           would_deny=would_deny)
         return build_response(uid, list(outcome.reasons), outcome.ops, list(outcome.warnings), name), outcome
 
-    def _refreshed(self, decision: Decision) -> bool:
-        """Before an S4 refusal: read the settings once more, and switch when they changed (SPEC 2.1)."""
-        if self.refresh is None or not any(r.rule == S4.id for r in decision.reasons):
-            return False
-        fresh = self.refresh()
-        return fresh is not None and self.switch(fresh)
-
     def plan(self, req: AdmissionRequest) -> Plan:
         """Read a TrainJob review once: its stage, its entries, the computed entry, every reason."""
+        return Reviewing(self._plan(req)).finish()
+
+    def _plan(self, req: AdmissionRequest) -> Steps[Plan]:
         operation = str(req.get("operation", ""))
         obj = req.get("object")
         if not isinstance(obj, dict):
@@ -270,8 +339,8 @@ class Admission:
             return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.DELETING,
                         settings=live.settings, checks=self.checks)
         if old is None:
-            return self._plan_create(live, operation, namespace, name, obj)
-        return self._plan_update(live, operation, namespace, name, obj, old)
+            return (yield from self._plan_create(live, operation, namespace, name, obj))
+        return (yield from self._plan_update(live, operation, namespace, name, obj, old))
 
     def _spec(self, obj: dict[str, Any], reasons: Reasons) -> tuple[Any, dict[str, Any]]:
         """(spec as sent, spec as a dict to walk): a spec that is no object is a reason, walked as empty."""
@@ -280,14 +349,15 @@ class Admission:
             return value, value
         return value, rules.Walk(reasons, self.checks).obj(value, "spec") or {}
 
-    def _plan_create(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any]) -> Plan:
+    def _plan_create(self, live: _Live, operation: str, namespace: str, name: str,
+                     obj: dict[str, Any]) -> Steps[Plan]:
         settings = live.settings
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
         found = _guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
         runtime_reasons = Reasons()
-        got = _guarded(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
-                       runtime_reasons, {})
+        got = yield from _guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
+                                        found.env, reasons, runtime_reasons, {})
         entry, previous = got if got else (None, None)
         reasons.extend(runtime_reasons)
         if previous is not None and self.monotonic() >= live.previous_until:
@@ -298,7 +368,7 @@ class Admission:
                     runtime_reasons=tuple(runtime_reasons))
 
     def _plan_update(self, live: _Live, operation: str, namespace: str, name: str, obj: dict[str, Any],
-                     old: dict[str, Any]) -> Plan:
+                     old: dict[str, Any]) -> Steps[Plan]:
         """SPEC 6.3: the old object judged the same way; only what it does not already give refuses."""
         settings = live.settings
         old_spec = old.get("spec")
@@ -323,13 +393,13 @@ class Admission:
         entry = None
         if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
             lookups: dict[RuntimeRef, _Lookup] = {}  # one read per runtime named, shared by both objects
-            got = _guarded(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace, found.env, reasons,
-                           runtime_reasons, lookups)
+            got = yield from _guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
+                                            found.env, reasons, runtime_reasons, lookups)
             entry = got[0] if got else None
             reasons.extend(runtime_reasons)
             old_runtime = Reasons()
-            _guarded(self.checks, old_runtime, self._runtime_rules, live, old_spec, namespace, old_found.env, before,
-                     old_runtime, lookups)
+            yield from _guarded_steps(self.checks, old_runtime, self._runtime_rules, live, old_spec, namespace,
+                                      old_found.env, before, old_runtime, lookups)
             before.extend(old_runtime)
         new = ratchet(reasons, spec, before, old_spec)
         return Plan(operation=operation, namespace=namespace, name=name, stage=stage, settings=settings,
@@ -337,13 +407,18 @@ class Admission:
                     own=found.own, old_own=old_own, entry=entry, clock=self.clock.stamp, reasons=tuple(new),
                     runtime_reasons=tuple(runtime_reasons))
 
-    def _lookup(self, ref: RuntimeRef, lookups: dict[RuntimeRef, _Lookup]) -> _Lookup:
-        """R2 and availability: the runtime `ref` names, read once per review."""
+    def _lookup(self, ref: RuntimeRef, lookups: dict[RuntimeRef, _Lookup]) -> Steps[_Lookup]:
+        """R2 and availability: the runtime `ref` names, read once per review; a read that would block is waited
+        for here, made where blocking is allowed."""
         found = lookups.get(ref)
         if found is None:
             reasons = Reasons()
             try:
                 runtime = self.runtimes.get(ref.kind, ref.namespace, ref.name)
+                if runtime is PENDING:
+                    runtime = yield partial(self.runtimes.get, ref.kind, ref.namespace, ref.name)
+                if runtime is PENDING:  # the read was made where blocking is forbidden after all
+                    raise RuntimeUnavailable("the runtime cache cannot answer without blocking")
             except RuntimeUnavailable as e:
                 runtime = None
                 reasons.add(ErrUnavailable, "spec.runtimeRef", f"{ref} cannot be read now ({e}); retry later",
@@ -355,24 +430,24 @@ class Admission:
 
     def _runtime_rules(self, live: _Live, spec: dict[str, Any], namespace: str, env: Iterable[tuple[str, str]],
                        reasons: Reasons, runtime_reasons: Reasons,
-                       lookups: dict[RuntimeRef, _Lookup]) -> tuple[Entry | None, Entry | None]:
+                       lookups: dict[RuntimeRef, _Lookup]) -> Steps[tuple[Entry | None, Entry | None]]:
         """R1 to R7: read the named runtime; the entries the settings (and the previous settings) produce
         for it, when one can be made."""
         ref = rules.runtime_ref(spec, namespace, runtime_reasons, self.checks)
         if ref is None:
             return None, None
-        found = self._lookup(ref, lookups)
+        found = yield from self._lookup(ref, lookups)
         runtime_reasons.extend(found.reasons)
         if found.runtime is None:
             return None, None
-        decided = self._decided(live, found.runtime, self.checks)
+        decided = self._decided(live, found.runtime)
         runtime_reasons.extend(decided.facts.reasons)
         rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons, live.settings, self.checks)
         return decided.entry, decided.previous
 
     # ---- runtime warnings (SPEC 8.3) ----
 
-    def _review_runtime(self, req: AdmissionRequest, uid: str, operation: str) -> tuple[AdmissionReview, Outcome]:
+    def _review_runtime(self, req: AdmissionRequest, uid: str, operation: str) -> Result:
         """Always allowed; with publish or credentials configured, one warning per R3, R4 or R5 reason."""
         resource = _target(req, tuple(RUNTIME_RESOURCES))
         obj = req.get("object")

@@ -22,12 +22,13 @@ from ..core.runtimes import (
     CLUSTER_KIND,
     GROUP,
     KINDS,
+    PENDING,
     PLURALS,
     VERSION,
     Key,
+    Pending,
     Runtime,
     RuntimeUnavailable,
-    WouldBlock,
     stored_version,
 )
 from ..process import heap
@@ -360,7 +361,7 @@ class ClusterRuntimes:
             yield tuple(k.decode().split("\x1f")), ok  # type: ignore[misc]
         self._judged = seen
 
-    def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
+    def get(self, kind: str, namespace: str, name: str) -> Runtime | Pending | None:
         if not self.synced(kind):
             raise RuntimeUnavailable("the runtime cache has not completed its first list yet")
         found = self.store.get(kind, namespace, name)
@@ -371,7 +372,7 @@ class ClusterRuntimes:
         if known is not None:
             return known[1]  # a name probed again and again costs the pod one live read a second
         if not blocking_allowed():
-            raise WouldBlock(f"{kind} {namespace}/{name} is not in the cache")
+            return PENDING  # the review waits for this read on a thread (webhook.core.admission.Reviewing)
         got = self.live.get(kind, namespace, name) if self.live is not None else None
         runtime = None if got is None else slim(got, kind)
         self._known.put(key, self.clock() + (NEGATIVE_SECONDS if runtime is None else FOUND_SECONDS), runtime)

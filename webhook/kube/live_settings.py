@@ -20,10 +20,9 @@ from typing import Any
 
 from ..core import sources
 from ..core.errors import Denied
-from ..core.runtimes import WouldBlock
 from ..core.settings import Settings, doc_reason, parse
 from ..process import metrics
-from ..process.blocking import blocking_allowed
+from ..process.blocking import WouldBlock, blocking_allowed
 from .cluster import Backoff
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ class LiveSettings:
     def refresh(self) -> Settings | None:
         """Read the settings once more (at most once a second): the good ones read, else None."""
         if not blocking_allowed():
-            raise WouldBlock("reading the settings again")  # answered again on a thread that may block
+            raise WouldBlock("reading the settings again")  # the core asks for it where blocking is allowed
         with self._refresh_lock:
             now = self.clock()
             if now - self._last_refresh < REFRESH_INTERVAL:

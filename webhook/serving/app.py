@@ -1,8 +1,8 @@
-"""The webhook's WSGI app (SPEC 7): the review paths answered by a request cycle of their own, the probes and
-/metrics routed by Flask, and the Flask app of the metrics listener (`serve --metrics-bind`).
+"""The webhook's app (SPEC 7): the review paths (`Reviews`), which the worker's request cycle calls directly,
+the probes and /metrics routed by Flask, and the Flask app of the metrics listener (`serve --metrics-bind`).
 
-The review paths are answered before Flask's request machinery: a request context, URL matching and a
-Response object cost more than a review does. Everything else is Flask's.
+The review paths are answered without WSGI or Flask: an environ, a request context, URL matching and a
+Response object cost more than a review does and none of them is read. Everything else is Flask's.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, NotFound
-from werkzeug.wsgi import get_content_length
 
 from ..core.admission import (
     MUTATE,
@@ -25,30 +25,30 @@ from ..core.admission import (
     Admission,
     BadReview,
     Enforcement,
+    Result,
+    Reviewing,
     Verb,
 )
 from ..core.decision import Outcome
 from ..core.review import AdmissionReview
-from ..core.runtimes import RuntimeSource, WouldBlock
+from ..core.runtimes import RuntimeSource
 from ..core.settings import Settings
 from ..core.sources import switch_line
 from ..process import metrics
 from .codec import dumps, loads
 from .listener import DEFAULT_MAX_BODY
 from .review_log import ReviewLog
-from .wsgi import error_body
+from .wsgi import JSON, Answer, error_body
 
 log = logging.getLogger("dispatch_admission")
 review_logger = logging.getLogger("dispatch_admission.review")  # its level switches the review lines
 
-REVIEW_PATHS = {"/mutate": MUTATE, "/validate": VALIDATE, "/runtimes": RUNTIMES}
 STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
           405: "405 Method Not Allowed", 413: "413 Content Too Large", 415: "415 Unsupported Media Type",
           429: "429 Too Many Requests", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 INTERNAL = b'{"error":"internal error in dispatch-admission","code":500}'
 OPS_ONLY = "only /metrics, /healthz and /readyz are served on this port"
-
-Account = Callable[[], None]  # a review's metrics and log line, run once its answer is written
+ALLOW_POST = [("Allow", "POST")]
 
 
 class FollowedSettings(Protocol):
@@ -67,15 +67,11 @@ class MetricsGate(Protocol):
     def check(self, authorization: str | None) -> tuple[int, str] | None: ...
 
 
-class Answered(list):
-    """A review's WSGI result: its body, and its accounting run by close(), which the server calls once the
-    request is complete (PEP 3333), i.e. after the answer is written."""
+def _answer(code: int, body: bytes, extra: list[tuple[str, str]] | None = None) -> Answer:
+    return STATUS[code], JSON + extra if extra else JSON, body, None
 
-    __slots__ = ("close",)
 
-    def __init__(self, body: bytes, account: Account):
-        super().__init__((body,))
-        self.close = account
+Later = Callable[[], Answer]  # the rest of a review that waits for a read that may block: run on a thread
 
 
 def refused(code: int, message: str) -> bytes:
@@ -89,61 +85,86 @@ def json_response(body: dict, code: int) -> Response:
 
 
 class Reviews:
-    """The review paths: POST /mutate, /validate and /runtimes over one Admission, any other method 405; every
-    other path handed to Flask. One call is one request cycle: read the body, review, answer, and hand back
-    the accounting to run after the answer is sent (off the API server's clock)."""
+    """The review paths: POST /mutate, /validate and /runtimes over one Admission, any other method 405. The
+    worker's request cycle (webhook.serving.cycle) hands a review here as its method, Content-Type, body and
+    Content-Length, no WSGI environ, and gets its answer (the accounting to run once it is sent, off the API
+    server's clock, as its close()), or, where the review waits for a read that may block, the rest of it to
+    run on a thread."""
 
-    def __init__(self, admission: Admission, others: Callable, *, max_body: int, review_log: ReviewLog):
-        self.admission, self.others, self.max_body, self.review_log = admission, others, max_body, review_log
+    paths: dict[bytes, Verb] = {b"/mutate": MUTATE, b"/validate": VALIDATE, b"/runtimes": RUNTIMES}
+
+    def __init__(self, admission: Admission, *, max_body: int, review_log: ReviewLog):
+        self.admission, self.max_body, self.review_log = admission, max_body, review_log
         self.families = metrics.get()
         self.latency = {v: self.families.latency.labels(v.value) for v in Verb}
+        self.counters: dict[tuple[str, str, str], Any] = {}  # reviews_total's children, by their labels
 
-    def __call__(self, environ: dict, start_response: Callable):
-        verb = REVIEW_PATHS.get(environ.get("PATH_INFO", ""))
-        if verb is None:
-            return self.others(environ, start_response)
-        extra: list[tuple[str, str]] = []
-        account: Account | None = None
-        if environ.get("REQUEST_METHOD") != "POST":
-            code, body, extra = 405, refused(405, "the review paths take POST only"), [("Allow", "POST")]
-        else:
-            try:
-                code, body, account = self.answer(verb, environ)
-            except WouldBlock:
-                raise  # the worker runs it again on a thread that may block (webhook.serving.connection)
-            except Exception:  # a fault of ours; the worker lives on
-                log.exception("unexpected error serving %s", environ.get("PATH_INFO"))
-                code, body = 500, INTERNAL
-        start_response(STATUS[code], [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-                                      *extra])
-        return Answered(body, account) if account is not None else [body]
-
-    def answer(self, verb: Verb, environ: dict) -> tuple[int, bytes, Account | None]:
-        """(HTTP status, JSON body, the review's accounting) for one review request."""
+    def begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int) -> Answer | Later:
+        """The answer, or what is left of the review once a read it waits for may block (a thread runs it)."""
         started = time.perf_counter()
-        mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
-        if mimetype != "application/json":
-            return 415, refused(415, f"Content-Type must be application/json, not {mimetype or 'none'!r}"), None
-        content_length = get_content_length(environ) or 0  # the worker hands whole bodies, with their length
-        if content_length > self.max_body:
-            return 413, refused(413, f"the body is over the limit of {self.max_body} bytes"), None
         try:
-            doc = loads(environ["wsgi.input"].read(content_length))
+            got = self._begin(verb, method, content_type, body, length, started)
+            if isinstance(got, tuple):
+                return got
+            return partial(self._finish, verb, got, started)
+        except Exception:  # a fault of ours; the worker lives on
+            log.exception("unexpected error serving %s", verb.value)
+            return _answer(500, INTERNAL)
+
+    def answer(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int) -> Answer:
+        """The answer, made where blocking is allowed (an app thread)."""
+        got = self.begin(verb, method, content_type, body, length)
+        return got if isinstance(got, tuple) else got()
+
+    def _begin(self, verb: Verb, method: bytes, content_type: bytes, body: bytes, length: int,
+               started: float) -> Answer | Reviewing[Result]:
+        if method != b"POST":
+            return _answer(405, refused(405, "the review paths take POST only"), extra=ALLOW_POST)
+        mimetype = content_type.split(b";", 1)[0].strip().lower()
+        if mimetype != b"application/json":
+            shown = mimetype.decode("latin-1")
+            return _answer(415, refused(415, f"Content-Type must be application/json, not {shown or 'none'!r}"))
+        if length > self.max_body:  # by its Content-Length: the worker drops an over-limit body as it comes
+            return _answer(413, refused(413, f"the body is over the limit of {self.max_body} bytes"))
+        try:
+            doc = loads(body)
         except (ValueError, RecursionError) as e:
-            return 400, refused(400, f"the body is not JSON: {str(e)[:200]}"), None
+            return _answer(400, refused(400, f"the body is not JSON: {str(e)[:200]}"))
         try:
-            response, outcome = self.admission.review(doc, verb)
+            reviewing = self.admission.begin(doc, verb)
         except BadReview as e:
-            return 400, refused(400, f"not an AdmissionReview v1: {e}"), None
+            return _answer(400, refused(400, f"not an AdmissionReview v1: {e}"))
         except RecursionError:  # the envelope itself nested too deeply (the core judges a deep object)
-            return 400, refused(400, "not an AdmissionReview v1: nested too deeply"), None
+            return _answer(400, refused(400, "not an AdmissionReview v1: nested too deeply"))
+        if reviewing.result is None:
+            return reviewing
+        return self._answered(verb, reviewing.result, started)
+
+    def _finish(self, verb: Verb, reviewing: Reviewing[Result], started: float) -> Answer:
+        """On a thread: the review goes on from the read it waited for."""
+        try:
+            return self._answered(verb, reviewing.finish(), started)
+        except BadReview as e:
+            return _answer(400, refused(400, f"not an AdmissionReview v1: {e}"))
+        except RecursionError:
+            return _answer(400, refused(400, "not an AdmissionReview v1: nested too deeply"))
+        except Exception:
+            log.exception("unexpected error serving %s", verb.value)
+            return _answer(500, INTERNAL)
+
+    def _answered(self, verb: Verb, result: Result, started: float) -> Answer:
+        response, outcome = result
         elapsed = time.perf_counter() - started
-        return 200, dumps(response), lambda: self.account(verb, response, outcome, elapsed)
+        return STATUS[200], JSON, dumps(response), lambda: self.account(verb, response, outcome, elapsed)
 
     def account(self, verb: Verb, response: AdmissionReview, outcome: Outcome, elapsed: float) -> None:
         """The review's metrics and, where the review log is on, its line."""
         self.latency[verb].observe(elapsed)
-        self.families.reviews.labels(verb.value, "allowed" if outcome.allowed else "denied", outcome.sentinel).inc()
+        labels = (verb.value, "allowed" if outcome.allowed else "denied", outcome.sentinel)
+        counter = self.counters.get(labels)
+        if counter is None:  # a few dozen label sets at most (verbs, allowed, the sentinels): labels() once each
+            counter = self.counters[labels] = self.families.reviews.labels(*labels)
+        counter.inc()
         would_deny = outcome.would_deny
         metrics.count_would_deny(self.families, would_deny)
         if not (outcome.intercepted and self.review_log.enabled):
@@ -214,40 +235,45 @@ class MetricsFilter:
         return [body]
 
 
-def _follow(admission: Admission, live: FollowedSettings, on_switch: Callable[[Settings], None] | None) -> None:
-    """Switch to the settings `live` hands over (SPEC 2.1), logged and counted, and tell `on_switch`."""
+def _follow(admission: Admission, live: FollowedSettings) -> None:
+    """Switch to the settings `live` hands over (SPEC 2.1), logged and counted."""
 
     def switched(new: Settings) -> None:
         old = admission.settings
         if admission.switch(new):
             metrics.get().settings_switches.inc()
             log.info(json.dumps(switch_line(live.where, old, new)))
-            if on_switch is not None:
-                on_switch(new)
 
     live.start(switched)
+
+
+class WebhookApp(Flask):
+    """Flask, for the probes and /metrics, with the review paths beside it: the worker's request cycle routes
+    those to `reviews` (webhook.serving.listener.Site), never through Flask."""
+
+    reviews: Reviews
 
 
 def create_app(settings: Settings, runtimes: RuntimeSource, tls_loaded: Callable[[], bool] = lambda: True,
                max_body: int = DEFAULT_MAX_BODY, review_log: ReviewLog | None = None,
                enforcement: Enforcement = Enforcement.ENFORCE, serve_metrics: bool = True,
-               live: FollowedSettings | None = None, on_switch: Callable[[Settings], None] | None = None,
-               grace: float = PREVIOUS_SETTINGS_GRACE) -> Flask:
-    """The application factory: the review paths over one Admission, and Flask's routes. `serve_metrics` False
-    leaves /metrics to a port of its own (serve --metrics-bind). `live`, where given, is followed: the settings
-    it hands over are switched to (and `on_switch` told), and it is read again before an S4 refusal (SPEC 2.1);
-    the settings switched away from stay acceptable on CREATE for `grace` seconds."""
-    app = Flask("dispatch_admission")
+               live: FollowedSettings | None = None, grace: float = PREVIOUS_SETTINGS_GRACE) -> WebhookApp:
+    """The application factory: the review paths over one Admission (`app.reviews`; its settings are the
+    settings in use: `app.reviews.admission.settings`), and Flask's routes. `serve_metrics` False leaves
+    /metrics to a port of its own (serve --metrics-bind). `live`, where given, is followed: the settings it
+    hands over are switched to, and it is read again before an S4 refusal (SPEC 2.1); the settings switched
+    away from stay acceptable on CREATE for `grace` seconds."""
+    app = WebhookApp("dispatch_admission")
     admission = Admission(settings, runtimes, enforcement=enforcement, refresh=live.refresh if live else None,
                           grace=grace)
     if live is not None:
-        _follow(admission, live, on_switch)
+        _follow(admission, live)
     _probes(app, lambda: {"settings": True, "certificate": tls_loaded(), "runtimes": runtimes.ready()})
     if serve_metrics:
         _metrics_route(app)
     _errors(app)
-    app.wsgi_app = Reviews(admission, app.wsgi_app, max_body=max_body,  # type: ignore[method-assign]
-                           review_log=review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO)))
+    app.reviews = Reviews(admission, max_body=max_body,
+                          review_log=review_log or ReviewLog(review_logger.isEnabledFor(logging.INFO)))
     return app
 
 

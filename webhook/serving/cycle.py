@@ -1,7 +1,8 @@
 """One request and its answer on a connection (webhook.serving.connection), as uvicorn's `RequestResponseCycle`
 beside its `HttpToolsProtocol`: the body kept (or dropped) as it comes, the parsed form's bound taken from the
 worker's budget before the app parses it, the request handed to the app (on the loop, its threads, or the
-threads its site sets aside), and its answer written.
+threads its site sets aside), and its answer written. A review path (the site's `reviews`) gets the method,
+Content-Type and body alone; any other path a WSGI environ.
 
 A cycle has a `BodyPhase` (its body kept, dropped, or received to its end) and an `AnswerPhase` (waiting, with
 the app, answered). What it holds in the worker's budget (webhook.serving.room) is `held`: room for its answer
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..core.runtimes import WouldBlock
 from ..process import metrics
 from ..process.blocking import NoBlocking
 from .codec import parsed_bound
@@ -23,7 +24,7 @@ from .room import ANSWER
 from .wsgi import INTERNAL, JSON, close_result, error_answer, error_body, request_environ, response_head
 
 if TYPE_CHECKING:
-    from .listener import Site
+    from .listener import ReviewPaths, Site
 
 INLINE_LIMIT = 64 * 1024  # a review body up to this size is answered on the loop (a larger one on a thread)
 
@@ -105,28 +106,42 @@ class Cycle:
         if body and (refusal := self._hold_parsed(body)):
             return self._answer_here(*refusal)
         site, worker = self.site, self.site.worker
+        worker.nr += 1
+        reviews = site.reviews
+        route = reviews.paths.get(self.target.partition(b"?")[0]) if reviews is not None else None
+        if route is not None:
+            assert reviews is not None
+            return self._review(reviews, route, body)
         env = request_environ(self.conn.environ, self.method, self.target, self.version, self.length,
                               self.headers, body)
-        worker.nr += 1
         if site.aside(env["PATH_INFO"]):  # e.g. /metrics: may wait on the API server; threads of its own
             self.answer_phase = AnswerPhase.ASIDE
             scrapes = worker.metrics_threads
-            if not scrapes.offer(self, site.app, env):
+            if not scrapes.offer(self, partial(scrapes.call, site.app, env)):
                 self._answer_here(503, f"{scrapes.waiting} scrapes are being answered: try again")
             return
+        if site.tls and self.length <= INLINE_LIMIT:  # a small request on the loop, where it may not block
+            with NoBlocking():
+                answer = worker.threads.call(site.app, env)
+            site.loop.call_soon(self.respond, *answer)
+            return
+        worker.threads.offer(self, partial(worker.threads.call, site.app, env))
+
+    def _review(self, reviews: ReviewPaths, route: object, body: bytes) -> None:
+        """A review: a small one answered here, on the loop (two thread hand-overs cost more than the review),
+        where it may not block: a read it would block on (a runtime not in the cache) is made on a thread,
+        which goes on with the review from there. A larger one on a thread from the start."""
+        site, threads = self.site, self.site.worker.threads
+        content_type = next((v for k, v in self.headers if k == b"content-type"), b"")
         if site.tls and self.length <= INLINE_LIMIT:
-            # A small review is answered here, on the loop: two thread hand-overs cost more than the review.
-            # The app may not block here; a cache miss that needs a live read raises WouldBlock and the
-            # request goes to a thread after all.
-            try:
-                with NoBlocking():
-                    answer = worker.threads.call(site.app, env, passthrough=WouldBlock)
-            except WouldBlock:
-                env["wsgi.input"].seek(0)
+            with NoBlocking():
+                got = reviews.begin(route, self.method, content_type, body, self.length)
+            if isinstance(got, tuple):
+                site.loop.call_soon(self.respond, *got)
             else:
-                site.loop.call_soon(self.respond, *answer)
-                return
-        worker.threads.offer(self, site.app, env)
+                threads.offer(self, got)
+            return
+        threads.offer(self, partial(reviews.answer, route, self.method, content_type, body, self.length))
 
     def _hold_parsed(self, body: bytes) -> tuple[int, str] | None:
         """The bound of the body's parsed form (webhook.serving.codec.parsed_bound: four counts of its bytes,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .room import Room
-from .wsgi import AppThreads, WSGIApp
+from .wsgi import Answer, AppThreads, WSGIApp
 
 DEFAULT_READ_TIMEOUT = 5.0          # seconds for the TLS handshake, and for a whole request (SPEC 7)
 DEFAULT_MAX_BODY = 7 * 1024 * 1024  # two 3 MiB objects (an UPDATE carries old and new) and the envelope
@@ -26,6 +26,19 @@ class WorkerOptions:
     max_body_in_flight: int = 0  # the worker's budget (webhook.serving.room); 0: room.BUDGET
     metrics_address: tuple[str, int] | None = None   # a listener served by metrics_app(), in plain HTTP or:
     metrics_tls: Callable[[], object] | None = None  # in HTTPS with the SSLContext this answers
+
+
+class ReviewPaths(Protocol):
+    """Paths a site's app answers outside WSGI (webhook.serving.app.Reviews): the cycle hands each request for
+    one of `paths` to `begin` as its method, Content-Type and body; what comes back is its answer, or the rest
+    of the work to run on a thread (a read that may block), or, from `answer`, made where blocking is allowed."""
+
+    paths: dict[bytes, Any]
+
+    def begin(self, route: Any, method: bytes, content_type: bytes, body: bytes,
+              length: int) -> Answer | Callable[[], Answer]: ...
+
+    def answer(self, route: Any, method: bytes, content_type: bytes, body: bytes, length: int) -> Answer: ...
 
 
 class Host(Protocol):
@@ -60,6 +73,7 @@ class Site:
         self.options = worker.options
         self.bodies = bodies  # False on the metrics listener: it takes no request body
         self.aside_paths = ASIDE
+        self.reviews: ReviewPaths | None = getattr(app, "reviews", None)  # the app's paths served without WSGI
         self.keepalive = float(self.cfg.keepalive)
         self.base_environ = {
             "SCRIPT_NAME": "", "SERVER_NAME": str(host), "SERVER_PORT": str(port), "wsgi.version": (1, 0),

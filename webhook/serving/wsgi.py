@@ -16,6 +16,7 @@ from urllib.parse import unquote_to_bytes
 
 WSGIApp = Callable[[dict, Callable], Any]
 Answer = tuple[str, list, bytes, Callable[[], object] | None]  # status, headers, body, the result's close()
+Job = Callable[[], Answer]  # what an app thread runs: a WSGI call, or the rest of a review
 
 
 def error_body(code: int, message: str) -> bytes:
@@ -71,7 +72,8 @@ def response_head(status: str, headers: list[tuple[str, str]], length: int, keep
 
 
 class AppThreads:
-    """The threads that run the WSGI app, fed whole requests through a queue; answers go back to the loop."""
+    """The threads that run the app, fed whole requests through a queue (each a `Job`); answers go back to the
+    loop."""
 
     def __init__(self, n: int, loop: asyncio.AbstractEventLoop, log, name: str = "app", waiting: int = 0):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -85,13 +87,13 @@ class AppThreads:
         for _ in self.threads:
             self.queue.put(None)
 
-    def offer(self, conn, app: WSGIApp, environ: dict) -> bool:
-        """On the loop: the request queued for the threads (its answer to conn.respond, on the loop), or False
-        when `waiting` requests are already queued or running."""
+    def offer(self, conn, job: Job) -> bool:
+        """On the loop: the request's job queued for the threads (its answer to conn.respond, on the loop), or
+        False when `waiting` requests are already queued or running."""
         if self.waiting and self.pending >= self.waiting:
             return False
         self.pending += 1
-        self.queue.put((conn, app, environ))
+        self.queue.put((conn, job))
         return True
 
     def _answered(self, conn, answer: Answer) -> None:
@@ -101,19 +103,22 @@ class AppThreads:
     def _run(self):
         get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
         while (item := get()) is not None:
-            conn, app, environ = item
-            answer = self.call(app, environ)
+            conn, job = item
+            try:
+                answer = job()
+            except Exception:  # a fault of the job's own (a WSGI call answers its app's faults itself)
+                self.log.exception("Error handling a request")
+                answer = "500 Internal Server Error", JSON, INTERNAL, None
             try:
                 call_soon(self._answered, conn, answer)  # closed on the loop, once written
             except RuntimeError:  # the loop is closed: the worker is exiting
                 close_result(answer[3], self.log)
                 return
 
-    def call(self, app: WSGIApp, environ: dict, passthrough: type[BaseException] | tuple = ()) -> Answer:
+    def call(self, app: WSGIApp, environ: dict) -> Answer:
         """Run the app on the caller's thread: (status, headers, body, close), where `close` is the result's
         (PEP 3333: called once the request is complete), to be called on the loop after the answer is
-        written, so the app's after-work (metrics, the log line) is off the client's clock. `passthrough`
-        exceptions reach the caller."""
+        written, so the app's after-work (metrics, the log line) is off the client's clock."""
         started: list = []
         written: list[bytes] = []
 
@@ -129,9 +134,6 @@ class AppThreads:
             close = getattr(result, "close", None)
             body = b"".join(result)
             return started[0], started[1], b"".join(written) + body if written else body, close
-        except passthrough:
-            close_result(close, self.log)
-            raise
         except Exception:
             close_result(close, self.log)
             self.log.exception("Error handling request %s", environ.get("PATH_INFO"))
