@@ -1181,7 +1181,7 @@ def test_one_tenant_cannot_stop_admission(inst):
         for got in report["pods"].values():
             assert got["serving restarts"] == 0 and got["oom kills"] == {"webhook": "0", "runtime-keeper": "0"}, got
             assert got["keeper peak working set MiB"] < got["keeper limit MiB"], got
-            # a bucket per namespace (issue 47): the flood names TrainingRuntimes of tenant-a and ClusterTrainingRuntimes,
+            # a bucket per namespace (issue 47): the flood names TrainingRuntimes of tenant-a and cluster runtimes,
             # two buckets of `limit` a second each (tenant B's TrainJobs name a runtime the store holds: no read)
             assert got["live GETs/s"] <= 2 * limit * 1.2, got
             assert got["cache size"].get("TrainingRuntime", 0) > HOSTILE_RUNTIMES, got  # with "small"
