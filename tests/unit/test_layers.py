@@ -1,5 +1,5 @@
 """The core and the inspection never import Flask or the Kubernetes client (checked in a fresh interpreter),
-and each package imports only the packages above it."""
+and each imports only the packages above it."""
 
 import pkgutil
 import subprocess
