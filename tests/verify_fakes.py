@@ -8,9 +8,9 @@ import json
 
 from tests.helpers import IMAGE, ROUTE1, ROUTE2
 from webhook.commands import verify as adapter
-from webhook.core import verify as v
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
+from webhook.inspection import verify as v
 
 S1 = parse(json.dumps(ROUTE1))
 S2 = parse(json.dumps(ROUTE2))

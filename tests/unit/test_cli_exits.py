@@ -197,7 +197,7 @@ def test_audit_exits_2_before_any_call(monkeypatch, capsys, tmp_path):
 ])
 def test_verify_exits_2_before_any_call(monkeypatch, capsys, argv, says):
     _no_cluster(monkeypatch)
-    from webhook.commands import verify_cluster
+    from webhook.kube import verify_cluster
 
     monkeypatch.setattr(verify_cluster.Cluster, "__init__", lambda *a, **kw: pytest.fail("the cluster was contacted"))
     assert cli_mod.main(["verify", *argv]) == 2

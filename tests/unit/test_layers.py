@@ -1,30 +1,53 @@
-"""The core never imports Flask or the Kubernetes client (checked in a fresh interpreter)."""
+"""The core and the inspection never import Flask or the Kubernetes client (checked in a fresh interpreter),
+and each imports only the packages above it."""
 
 import pkgutil
 import subprocess
 import sys
 
 import webhook.core
+import webhook.inspection
 
-# Every module of the core, read from the package (a module added later is checked without editing this list),
-# and the CLI's parser, which must load without the adapters.
-CORE = sorted(f"core.{m.name}" for m in pkgutil.iter_modules(webhook.core.__path__)) + ["commands.flags"]
+# Every module of the core and of the inspection, read from the packages (a module added later is checked without
+# editing this list), and the CLI's parser, which must load without the adapters.
+CORE = sorted(f"core.{m.name}" for m in pkgutil.iter_modules(webhook.core.__path__))
+INSPECTION = sorted(f"inspection.{m.name}" for m in pkgutil.iter_modules(webhook.inspection.__path__))
+PURE = CORE + INSPECTION + ["commands.flags"]
 ADAPTERS = ("flask", "kubernetes", "gunicorn", "werkzeug", "urllib3", "ijson", "lmdb", "prometheus_client")
+# What a pure package may import of webhook: the core only itself; the inspection the core and itself (it judges
+# what webhook.kube read, and never reads).
+MAY_IMPORT = {"webhook.core": ("webhook.core",), "webhook.inspection": ("webhook.core", "webhook.inspection")}
 
 
-def test_the_core_list_is_read_from_the_package():
-    assert {"core.settings", "core.rules", "core.verify", "core.audit", "core.reports"} <= set(CORE)
+def test_the_pure_lists_are_read_from_the_packages():
+    assert {"core.settings", "core.rules", "core.admission"} <= set(CORE)
+    assert {"inspection.verify", "inspection.audit", "inspection.reports"} <= set(INSPECTION)
 
 
-def test_core_imports_no_adapter_libraries():
+def test_the_pure_packages_import_no_adapter_libraries():
     code = (
         "import sys\n"
-        + "".join(f"import webhook.{m}\n" for m in CORE)
+        + "".join(f"import webhook.{m}\n" for m in PURE)
         + f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {ADAPTERS!r})\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_the_pure_packages_import_only_the_packages_above_them():
+    """The core imports itself only; the inspection the core and itself: never kube, serving, commands, at any
+    depth of a file (a function's own import too), so an API call cannot creep into a judgement."""
+    from pathlib import Path
+
+    root = Path(webhook.__path__[0])
+    wrong = []
+    for package, allowed in MAY_IMPORT.items():
+        for path in sorted((root / package.split(".")[1]).glob("*.py")):
+            name = f"{package}.{path.stem}"
+            wrong += [f"{name} imports {m}" for m in sorted(_imports(path, name))
+                      if not m.startswith(tuple(f"{a}." for a in allowed)) and m not in allowed]
+    assert wrong == []
 
 
 def modules(package) -> list[str]:
@@ -56,7 +79,7 @@ def test_the_packages_show_the_roles():
 
     packages = {m.name for m in pkgutil.iter_modules(webhook.__path__) if m.ispkg}
     loose = {m.name for m in pkgutil.iter_modules(webhook.__path__) if not m.ispkg}
-    assert packages == {"core", "certs", "kube", "serving", "process", "commands"}
+    assert packages == {"core", "inspection", "certs", "kube", "serving", "process", "commands"}
     assert loose == {"__main__", "api"}
 
 

@@ -14,12 +14,13 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.helpers import runtime, trainjob
 from webhook.commands import audit
-from webhook.commands.audit import ClusterUnreadable, OpenReports
-from webhook.core import reports
-from webhook.core.audit import Finding, Verdict
 from webhook.core.errors import ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
 from webhook.core.settings import Settings
+from webhook.inspection import reports
+from webhook.inspection.audit import Finding, Verdict
 from webhook.kube import cluster
+from webhook.kube.audit_reads import ClusterUnreadable
+from webhook.kube.reports_writer import OpenReports
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 S3 = Reason(ErrInvalid, "spec.trainer.env[0].name", "'DISPATCH_X': names starting with DISPATCH_ are reserved", "S3")

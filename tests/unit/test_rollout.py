@@ -24,11 +24,11 @@ from tests.helpers import (
     trainjob,
 )
 from webhook import api
-from webhook.commands import audit as audit_cmd
 from webhook.commands.audit import Report
 from webhook.core.admission import Admission, Enforcement
-from webhook.core.audit import CredentialSecrets, Verdict, judge_runtime, judge_trainjob
 from webhook.core.runtimes import RuntimeIndex, RuntimeUnavailable
+from webhook.inspection.audit import CredentialSecrets, Verdict, judge_runtime, judge_trainjob
+from webhook.kube.audit_reads import existing_secrets
 
 
 def runtimes() -> RuntimeIndex:
@@ -240,7 +240,7 @@ def test_audit_reads_only_the_secrets_metadata_by_name():
             more = {} if "_continue" in kw else {"continue": "next"}
             return type("Response", (), {"data": json.dumps({"items": items, "metadata": more})})()
 
-    got = audit_cmd.existing_secrets(Core(), {"s3-credentials": {"team-a", "team-q"}}, None, 500)
+    got = existing_secrets(Core(), {"s3-credentials": {"team-a", "team-q"}}, None, 500)
     assert got == {("team-a", "s3-credentials"), ("team-b", "s3-credentials")}
     assert [c["field_selector"] for c in calls] == ["metadata.name=s3-credentials"] * 2
     assert calls[0]["_headers"] == {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}

@@ -387,8 +387,8 @@ def test_r5_mounts_by_name_are_judged_wherever_the_runtime_is_judged():
     """The same facts serve the runtime warnings (SPEC 8.3), the audit's cannot-carry (8.2) and the stored form
     the workers read (webhook.kube.store)."""
     from tests.unit.test_rollout import runtime_review
-    from webhook.core.audit import Verdict, judge_runtime
     from webhook.core.runtimes import Runtime
+    from webhook.inspection.audit import Verdict, judge_runtime
 
     rt = route2_runtime(sidecar=["dispatch-publish"])
     adm = admission(ROUTE2)

@@ -23,10 +23,11 @@ from prometheus_client import CollectorRegistry
 
 from tests.helpers import ROOT, admission, answer, mutated, review, runtime, settings, stock_runtimes, trainjob
 from webhook.commands.audit import Report
-from webhook.core import audit, registry
+from webhook.core import registry
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.errors import ErrInvalid, ErrUnsupported
 from webhook.core.rule import Point, Rule, RuntimeMount, TrainerEnv
+from webhook.inspection import audit
 from webhook.process import metrics
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -27,10 +27,10 @@ from tests.verify_fakes import (
 )
 from webhook.commands import cli
 from webhook.commands import verify as adapter
-from webhook.core import verify as v
-from webhook.core import verify_report as r
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
+from webhook.inspection import verify as v
+from webhook.inspection import verify_report as r
 
 # ---- the stage ----
 

@@ -11,10 +11,10 @@ import pytest
 
 from tests.helpers import MANAGER
 from tests.verify_fakes import stored
-from webhook.core import verify as v
-from webhook.core import verify_causes as causes
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
+from webhook.inspection import verify as v
+from webhook.inspection import verify_causes as causes
 
 SHAPES = json.loads((Path(__file__).parent / "data" / "verify_shapes.json").read_text())["pods"]
 NS = "team-q"

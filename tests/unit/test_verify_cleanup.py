@@ -1,5 +1,5 @@
 """Issue 35, item 7: verify cleans up after itself. The TTL each probe carries and the decision it drives
-(`core.verify_cleanup`), the deletes with the probe's UID as a precondition, `verify --cleanup` and the sweep
+(`inspection.verify_cleanup`), the deletes with the probe's UID as a precondition, `verify --cleanup` and the sweep
 before a run, the cap on probes per run, and the credentials' Secrets checked before the first probe;
 against the fake cluster of tests/verify_fakes.py. The real thing: tests/e2e/test_verify.py."""
 
@@ -15,9 +15,9 @@ from tests.verify_fakes import S1, FakeCluster, cluster_node, pod, run
 from webhook.commands import cli
 from webhook.commands import verify as adapter
 from webhook.commands import verify_cleanup as cleanup_cmd
-from webhook.core import verify as v
-from webhook.core import verify_cleanup as c
 from webhook.core.settings import parse
+from webhook.inspection import verify as v
+from webhook.inspection import verify_cleanup as c
 
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 DATE = "Wed, 02 Dec 2026 10:00:00 GMT"  # NOW as the API server's Date header says it

@@ -11,7 +11,7 @@ import argparse
 from .. import __version__
 from ..certs.context import DEFAULT_CIPHERS
 from ..core.admission import PREVIOUS_SETTINGS_GRACE, Enforcement
-from ..core.verify_cleanup import MAX_PROBES
+from ..inspection.verify_cleanup import MAX_PROBES
 from .files import STDIN
 
 

@@ -1,5 +1,6 @@
 """`dispatch-admission verify` (SPEC 9): run probe TrainJobs through the installed webhook on a live cluster and
-report the stage each reached (`core.verify` judges; this module talks to the API server).
+report the stage each reached (`inspection.verify` judges, `kube.verify_cluster` talks to the API server; this
+module wires the two and prints).
 
 Calls made, and the RBAC they need: get of the runtime (ClusterTrainingRuntime, or TrainingRuntime in NS);
 list of nodes (--per-node); create, get, list and delete of TrainJobs in NS (the only writes: the probes,
@@ -28,16 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from ..core import verify as core
-from ..core import verify_causes as causes
-from ..core import verify_cleanup as leftovers
-from ..core import verify_report as report
 from ..core.patch import Entry, entry_secrets
 from ..core.registry import runtime_facts
 from ..core.runtimes import CLUSTER_KIND, KINDS, NAMESPACED_KIND, PLURALS
 from ..core.settings import DEFAULT_MANAGER, Settings
+from ..inspection import verify as core
+from ..inspection import verify_causes as causes
+from ..inspection import verify_cleanup as leftovers
+from ..inspection import verify_report as report
+from ..kube.verify_cluster import Cluster, Unusable, answered, fault
 from .verify_cleanup import sweep_before_run
-from .verify_cluster import Cluster, Unusable, api_error, fault
 
 # The names `verify --runtime` takes for a kind: its kind, plural or singular, any case.
 KIND_NAMES = {name: kind for kind in KINDS for name in (kind.lower(), PLURALS[kind], PLURALS[kind][:-1])}
@@ -204,8 +205,6 @@ class Verify:
                                f" {namespace}: {why}; going on\n")
 
     def _create(self, kind: str, runtime_name: str, namespace: str, runtime: dict, node: dict | None) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         name = f"verify-{secrets.token_hex(3)}"
         doc = self._probe_doc(name, kind, runtime_name, namespace, runtime, node)
         probe = report.Probe(name, namespace, f"{kind}/{runtime_name}",
@@ -213,16 +212,16 @@ class Verify:
         self.uids[name] = None
         try:
             stored = self.cluster.create(namespace, doc)
-        except ApiException as e:
+        except Exception as e:
+            message = answered(e)
+            if message is None:  # unreachable, TLS, a timeout: verify cannot run
+                raise fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
             del self.uids[name]  # the API server answered: nothing was made
-            message = api_error(e)
             if "denied the request" in message:  # a webhook's refusal: this probe's answer
                 probe.status = core.refused(message)
                 self.probes.append(probe)
                 return
             raise Unusable(f"cannot create TrainJobs in namespace {namespace}: {message}") from None
-        except Exception as e:
-            raise fault(f"cannot create TrainJobs in namespace {namespace}", e) from None
         self.uids[name] = (stored.get("metadata") or {}).get("uid")
         probe.status = core.classify(stored, [], [], self.manager)
         self.probes.append(probe)

@@ -1,5 +1,5 @@
 """`dispatch-admission verify --cleanup`, and the sweep every verify makes before its first probe: remove the
-probes whose TTL has passed (`core.verify_cleanup` decides which), each delete carrying the probe's UID as a
+probes whose TTL has passed (`inspection.verify_cleanup` decides which), each delete carrying the probe's UID as a
 precondition, so an object made since under the same name is left alone.
 
 Calls: list of TrainJobs labelled `dispatch.go.phpboyscout.uk/verify` (in NS, or in every namespace with
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO
 
-from ..core import verify_cleanup as core
-from .verify_cluster import Cluster, fault
+from ..inspection import verify_cleanup as core
+from ..kube.verify_cluster import Cluster, fault
 
 
 def sweep(cluster: Cluster, namespace: str | None) -> list[tuple[core.Leftover, str]]:

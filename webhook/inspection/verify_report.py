@@ -1,5 +1,5 @@
 """`verify` (SPEC 9), the report without I/O: one line per probe (table) or one object per probe (JSON), the
-verdict, the exit code and the progress line. `core.verify` says where each probe is."""
+verdict, the exit code and the progress line. `inspection.verify` says where each probe is."""
 
 from __future__ import annotations
 

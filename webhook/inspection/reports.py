@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from ..core.errors import ErrInternal, ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
+from ..core.runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, TRAINJOB_KIND, VERSION
 from .audit import Finding, Verdict
-from .errors import ErrInternal, ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsupported, Reason
-from .runtimes import CLUSTER_KIND, GROUP, NAMESPACED_KIND, TRAINJOB_KIND, VERSION
 
 API_VERSION = "openreports.io/v1alpha1"
 GROUP_REPORTS, VERSION_REPORTS = "openreports.io", "v1alpha1"

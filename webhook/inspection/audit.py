@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from . import rules
-from .admission import Admission
-from .errors import ErrNotFound, Reason, Reasons
-from .patch import entry_secrets
-from .runtimes import Runtime
+from ..core import rules
+from ..core.admission import Admission
+from ..core.errors import ErrNotFound, Reason, Reasons
+from ..core.patch import entry_secrets
+from ..core.runtimes import Runtime
 
 # TrainJobs named per missing Secret (the count says how many mount it): a finding stays one line long
 # however many TrainJobs a namespace holds.

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from . import paths
+from ..core import paths
+from ..core.patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
+from ..core.registry import NODE_CONTAINER
+from ..core.runtimes import RuntimeFacts
+from ..core.settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 from . import verify_causes as causes
-from .patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
-from .registry import NODE_CONTAINER
-from .runtimes import RuntimeFacts
-from .settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
 
 PUBLISH_BINARY = paths.PUBLISH_DIR + "/publish"
 DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
@@ -29,7 +29,7 @@ DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
 PROBE_LABEL = "dispatch.go.phpboyscout.uk/verify"
 RUN_LABEL = "dispatch.go.phpboyscout.uk/verify-run"
 # How long after its creation (seconds, on the API server's clock) a probe may be removed by `verify --cleanup`
-# or the next verify in its namespace: past the longest a verify still follows it (core.verify_cleanup).
+# or the next verify in its namespace: past the longest a verify still follows it (inspection.verify_cleanup).
 TTL_ANNOTATION = "dispatch.go.phpboyscout.uk/verify-ttl-seconds"
 # The runtimePatches entry verify writes itself: its labels on the JobSet and pods, the pin to a node
 # (--per-node); never the publish mount.

@@ -1,12 +1,13 @@
 """The API calls `verify` and `verify --cleanup` make, with the official client (`Cluster`), and how their
-failures read (`Unusable`: verify cannot run, exit 2 with the reason in one line)."""
+failures read (`Unusable`: verify cannot run, exit 2 with the reason in one line). `webhook.inspection.verify`
+judges what these calls read; `webhook.commands.verify` wires the two and prints."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..core import verify as core
 from ..core.runtimes import GROUP, VERSION
+from ..inspection.verify import JOBSET_NAME_LABEL, PROBE_LABEL
 
 TIMEOUT = (5, 30)            # connect, read: for every call
 # A metadata-only read: whether a Secret exists, never its data.
@@ -30,6 +31,13 @@ def api_error(e) -> str:
     return f"{e.status} {e.reason}"
 
 
+def answered(e: Exception) -> str | None:
+    """The API server's message when `e` is its answer (an ApiException), else None (unreachable, TLS, a timeout)."""
+    from kubernetes.client.exceptions import ApiException
+
+    return api_error(e) if isinstance(e, ApiException) else None
+
+
 def fault(what: str, e: Exception) -> Unusable:
     from kubernetes.client.exceptions import ApiException
 
@@ -44,7 +52,7 @@ class Cluster:
     def __init__(self, kubeconfig: str | None):
         from kubernetes import client
 
-        from ..kube.cluster import api_client
+        from .cluster import api_client
 
         try:
             self.client = api_client(kubeconfig, prefer_kubeconfig=True)
@@ -74,7 +82,7 @@ class Cluster:
     def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
-        from ..kube.cluster import read_runtime
+        from .cluster import read_runtime
 
         try:
             return read_runtime(self.custom, kind, namespace, name, TIMEOUT)
@@ -102,7 +110,7 @@ class Cluster:
         items: list[dict]
         items, token, date = [], None, None
         while True:
-            kw = {"label_selector": core.PROBE_LABEL, "limit": 500, "_request_timeout": TIMEOUT,
+            kw = {"label_selector": PROBE_LABEL, "limit": 500, "_request_timeout": TIMEOUT,
                   "_preload_content": False, **({"_continue": token} if token else {})}
             got = (self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", **kw)
                    if namespace else self.custom.list_cluster_custom_object(GROUP, VERSION, "trainjobs", **kw))
@@ -138,7 +146,7 @@ class Cluster:
             raise
 
     def pods(self, namespace: str, name: str) -> list[dict]:
-        got = self.core.list_namespaced_pod(namespace, label_selector=f"{core.JOBSET_NAME_LABEL}={name}",
+        got = self.core.list_namespaced_pod(namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}",
                                             _request_timeout=TIMEOUT, _preload_content=False)
         return _json(got).get("items") or []
 
