@@ -10,6 +10,7 @@ hundred bytes:
   memory grows by little (before issue 47 it grew by 440 MiB), and it is cut off after the deadline, the log
   saying so;
 - a client that pipelines 200 and reads them only once writing has paused gets every answer, in order;
+- 16 KiB of tiny requests in one read make at most IN_FLIGHT + HEAD_SLICE / 18 cycles, not 480;
 - a body of nested empty lists at the size limit (7 MiB) is refused 413 with its reason, before it is parsed
   (quickly, and the worker's memory stays low), and a review after it passes.
 """
@@ -27,7 +28,7 @@ import yaml
 from tests.helpers import eventually, metric_series, review, runtime, trainjob
 from tests.tls import read_response, tls_socket
 from webhook.serving.codec import parsed_bound
-from webhook.serving.connection import IN_FLIGHT, WRITE_HIGH
+from webhook.serving.connection import HEAD_SLICE, IN_FLIGHT, WRITE_HIGH
 from webhook.serving.room import ANSWER
 
 DEADLINE = 4.0
@@ -145,6 +146,27 @@ def test_a_pipelining_client_that_reads_late_gets_every_answer_in_order(server):
             assert code == 200
             uids.append(json.loads(body)["response"]["uid"])
     assert uids == [f"uid-{i}" for i in range(count)]
+
+
+def test_tiny_requests_pipelined_in_one_read_hold_at_most_a_head_slice_past_the_limit(serve):
+    """16 KiB of 34-byte requests in one read made 480 cycles, each holding its answer's room (~0.5 MB a connection
+    that never gave way: a few hundred such connections filled the budget). Heads reach the parser 512 bytes at a
+    time (HEAD_SLICE), so a read makes at most IN_FLIGHT + 512 / 18 (the shortest request) cycles; the rest waits
+    unparsed, and every request is still answered, in order. (A server of its own: the peak is the process's.)"""
+    server = serve("--workers", "1", metrics=True)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    count = 16384 // len(request)
+    sock = tls_socket(server.url, server.ca)
+    sock.settimeout(30)
+    with sock:
+        sock.sendall(request * count)
+        buffered = bytearray()
+        codes = [read_response(sock, buffered)[0] for _ in range(count)]
+    assert codes == [200] * count
+    cycles = IN_FLIGHT + 512 // 18 + 2
+    bound = cycles * (ANSWER + len(request)) + count * len(request)  # + the bytes sent, held unparsed
+    assert HEAD_SLICE <= 512 and held(server, "_peak") <= bound, (held(server, "_peak"), bound)
+    eventually(lambda: held(server) == 0, "the budget given back once the requests are answered")
 
 
 def test_a_nested_list_body_at_the_size_limit_is_refused_before_it_is_parsed(server):

@@ -118,6 +118,22 @@ def test_check_exits_2_on_unusable_files(tmp_path):
         assert got.returncode == 2 and says in got.stderr and got.stderr.count("\n") == 1, (argv, got.stderr)
 
 
+def test_check_refuses_a_yaml_alias_bomb_before_expanding_it(tmp_path):
+    """Nested anchors (a "billion laughs") expanded to gigabytes as the rules walked them: a CI runner hung. A
+    document is measured with its aliases expanded, on the composed graph, before it is built; ordinary anchors
+    still work, as kubectl takes them."""
+    levels = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9))
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(TRAINJOB.replace("spec:\n", f"l0: &l0 [{'x' * 32}]\n{levels}spec:\n  extra: *l8\n", 1))
+    got = cli("check", "--settings", ROUTE1, *runtime_args(), str(bomb))
+    assert got.returncode == 2, got.stdout[-300:] + got.stderr
+    assert "comes to more than 3145728 bytes with its YAML aliases expanded" in got.stderr, got.stderr
+    anchored = tmp_path / "anchored.yaml"
+    anchored.write_text(TRAINJOB.replace("  namespace: team-a\n",
+                                         "  namespace: team-a\n  labels: &l {team: a}\n  annotations: *l\n", 1))
+    assert cli("check", "--settings", ROUTE1, *runtime_args(), str(anchored)).returncode == 0
+
+
 def test_dash_is_stdin_wherever_a_file_is_taken(tmp_path):
     runtime = (EXAMPLES / "runtimes" / "torch-distributed.yaml").read_text()
     settings = (EXAMPLES / "settings" / "route1.json").read_text()

@@ -363,6 +363,16 @@ def test_r5_a_sidecar_mount_is_seen_beside_a_runtime_alike_in_every_other_name()
     assert answer(admission(ROUTE2, runtimes=clean), trainjob())["allowed"]
 
 
+def test_r5_a_container_without_a_string_name_mounting_the_publish_volume_is_seen():
+    """A runtime file `check` or `verify` reads goes through no CRD schema: a container named by a number (or not
+    at all) still mounts, and R5 says so rather than skip it."""
+    rt = route2_runtime(sidecar=["dispatch-publish"])
+    pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][1]["name"] = 7
+    st = denied(answer(admission(ROUTE2, runtimes=RuntimeIndex([rt])), trainjob()), 403, "ErrUnsupported")
+    assert any("unmount 'dispatch-publish'" in c["message"] for c in st["details"]["causes"]), st
+
+
 @pytest.mark.parametrize("container", ["node", "sidecar", "init"])
 def test_r5_a_container_mounting_a_credentials_volume_by_name(container):
     """SPEC 5 R5: the credential would reach a container not named `node` (or be mounted twice on `node`)."""

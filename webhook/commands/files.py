@@ -46,15 +46,57 @@ def read_input(path: str) -> bytes:
         raise InputError(f"{path}: cannot read: {(e.strerror or str(e)).lower()}") from None
 
 
+# What one document may come to with its aliases expanded (scalars' characters plus one a node): the API server's
+# limit on an object (3 MiB). Aliases are taken, as kubectl takes them, but a few lines of nested anchors expand
+# to gigabytes (a "billion laughs"): measured before the document is built, on the graph PyYAML composes.
+MAX_EXPANDED = 3 * 1024 * 1024
+
+
 def yaml_documents(path: str) -> list:
-    """Every YAML document of a file argument (empty ones as None); InputError when unreadable or not YAML."""
+    """Every YAML document of a file argument (empty ones as None); InputError when unreadable, not YAML, or a
+    document larger than MAX_EXPANDED once its aliases are expanded."""
     data = read_input(path)
     try:
-        return list(yaml.safe_load_all(data.decode("utf-8")))
+        loader = yaml.SafeLoader(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise InputError(f"{shown(path)}: not YAML: not UTF-8 at byte {e.start}") from None
+    docs: list = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:  # an empty document
+                docs.append(None)
+                continue
+            if expanded_size(node) > MAX_EXPANDED:
+                raise InputError(f"{shown(path)}: document {len(docs) + 1} comes to more than {MAX_EXPANDED} bytes "
+                                 "with its YAML aliases expanded (the API server takes at most 3 MiB)")
+            docs.append(loader.construct_document(node))
+        return docs
     except yaml.YAMLError as e:
         raise InputError(f"{shown(path)}: not YAML: {_one_line(e)}") from None
+    finally:
+        loader.dispose()
+
+
+def expanded_size(root: yaml.Node) -> int:
+    """The size of a composed YAML node with every alias expanded: one a node plus its scalar's characters, each
+    shared node counted as often as it is referred to (computed once a node: linear in the graph)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1 + len(node.value)
+            continue
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if children_done:
+            sizes[id(node)] = 1 + sum(sizes.get(id(c), 0) for c in children)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 def _one_line(e: yaml.YAMLError) -> str:

@@ -247,8 +247,9 @@ def _job(rj: dict[str, Any], budget: _Budget) -> Job:
                     publish_mounts.append((budget.name(str(container)[:253]), budget.name(mp)))
                 if node:
                     node_mounts.add(normal)
-            if mounted and isinstance(container, str):  # a container without a string name is no container
-                mounters.append(Mounter(container, not are_containers, tuple(mounted)))
+            if mounted:  # a container without a string name (no schema checked a runtime file) still mounts
+                name = container if isinstance(container, str) else budget.name(str(container)[:253])
+                mounters.append(Mounter(name, not are_containers, tuple(mounted)))
     job_name = rj.get("name")
     volumes = [v for v in map(_obj, _list(pod.get("volumes"))) if isinstance(v.get("name"), str)]
     return _interned(Job(budget.name(job_name) if isinstance(job_name, str) else "",

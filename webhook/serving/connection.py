@@ -35,6 +35,10 @@ __all__ = ["AnswerPhase", "BodyPhase", "Connection", "Cycle", "Phase", "Refused"
 DRAIN_LIMIT = 64 * 1024 * 1024  # an over-limit body longer than this is not read to its end: closed after the 413
 HEAD_LIMIT = 64 * 1024          # a head not complete within this many bytes is refused (431)
 SLICE = 16 * 1024               # data reaches the parser in slices this size: a head's size is known within one
+# Outside a body of known length (a head, a chunked body), data reaches the parser in slices this size: the parser
+# cannot stop at a message's end, so a slice of tiny pipelined requests makes a cycle of each (at most 512 / 18,
+# the shortest request, past IN_FLIGHT), each holding its answer's room (16 KiB of them made 480: ~0.5 MB a connection).
+HEAD_SLICE = 512
 IN_FLIGHT = 8                   # requests read and waiting behind the one with the app; past them, reading waits
 WRITE_HIGH = 64 * 1024          # answer bytes buffered before the transport pauses writing (and so reading)
 
@@ -117,6 +121,7 @@ class Connection(asyncio.Protocol):
         self.answering: Cycle | None = None  # the cycle with the app
         self.ready: deque[Cycle] = deque()   # cycles ready for the app, in order: at most IN_FLIGHT
         self.unfed = b""   # bytes received past IN_FLIGHT requests, not yet parsed (counted in the budget)
+        self.body_left = 0  # what is still to come of the body being read, by its Content-Length (0: none, chunked)
         self.unsent = 0    # answer bytes written and not yet sent by the transport (counted in the budget)
         self.last = False  # nothing more is read (Connection: close, an upgrade, a refusal)
         self.refusal: bytes | None = None  # sent after the answers before it, then the connection closed
@@ -161,11 +166,14 @@ class Connection(asyncio.Protocol):
     def _read(self, data: bytes) -> None:
         """Feed the parser, a slice at a time, until IN_FLIGHT requests wait: the rest is kept unparsed."""
         try:
-            for at in range(0, len(data), SLICE):
+            at = 0
+            while at < len(data):
                 if len(self.ready) >= IN_FLIGHT:  # pipelined past the limit: not parsed until the queue drains
                     self._stash(data[at:])
                     break
-                self._feed(memoryview(data)[at:at + SLICE])
+                n = min(SLICE, self.body_left) if self.body_left else HEAD_SLICE  # a body's bytes in large slices
+                self._feed(memoryview(data)[at:at + n])
+                at += n
                 if self.last:
                     break
         except httptools.HttpParserUpgrade:
@@ -270,6 +278,7 @@ class Connection(asyncio.Protocol):
                       held=self.answer_room + (0 if refused else head), refused=refused)
         self.answer_room = 0  # the cycle's now
         self.request = cycle
+        self.body_left = framing.length
         if over:  # answered from its head (413 by the app, 503 here), its body dropped as it comes
             self.ready.append(cycle)
 
@@ -293,6 +302,7 @@ class Connection(asyncio.Protocol):
     def on_body(self, data: bytes) -> None:
         cycle = self.request
         assert cycle is not None
+        self.body_left = max(0, self.body_left - len(data))
         if not cycle.on_body(data):
             self._drop_body(self.site.worker.room.full)
 
@@ -300,6 +310,7 @@ class Connection(asyncio.Protocol):
         cycle = self.request
         assert cycle is not None
         self.request = None
+        self.body_left = 0
         dropped = cycle.body_phase is BodyPhase.DROPPING
         cycle.body_phase = BodyPhase.RECEIVED
         if not cycle.keep_alive:
