@@ -200,6 +200,15 @@ def metric_series(text: str, name: str, /, **labels: str) -> list[tuple[dict, fl
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+def metric_table(text: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of a scrape as (name, sorted labels) -> value (prometheus_client's parser), for tests that read
+    many series of one scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def metric_total(text: str, name: str, /, **labels: str) -> float:
     """The sum of `metric_samples` (0 when there is none)."""
     return sum(metric_samples(text, name, **labels))
