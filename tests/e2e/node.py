@@ -24,9 +24,10 @@ A second node (`add_node`, issue 50: the two-node suite) is a second containerd 
 session, beside the first: its own work dir (containerd root, state, sockets, runc root, NRI socket; the
 kubelet's root dir, ports, certificate), node name, address and pod CIDR (PLACES), and its own cgroup root
 (`/dispatch-e2e-node-2` in every hierarchy: a kubelet removes the pod cgroups under its root that it does not
-know). It shares the bridge (a second gateway address and /24 on it: pods of both nodes reach each other through
-the host's routing on the bridge, inside the same guard chains), the control plane, the controllers and the one
-kube-proxy (both kubelets are on this host's network: one set of Service rules serves them).
+know), and its own bridge (`dspe2e1`, its gateway address and /24: pods of both nodes reach each other through the
+host's routing between the bridges, inside the same guard chains). It shares the control plane, the controllers
+and the one kube-proxy (both kubelets are on this host's network: one set of Service rules serves them). Shared
+by both kubelets, unused here: the device plugins' directory (/var/lib/kubelet/device-plugins, a fixed path).
 """
 
 from __future__ import annotations
@@ -71,14 +72,16 @@ GUARD_CHAIN = "DISPATCH-E2E"
 class Place:
     """Where a node of the harness lives on this machine."""
     name: str
+    bridge: str
     pod_cidr: str
-    ip: str           # the node address and its pods' gateway, on the bridge
+    ip: str           # the node address and its pods' gateway, on its bridge
     cgroup_root: str  # the kubelet's cgroupRoot ("" the host's: the first node's kubepods stay where they were)
 
 
 # The first node is the one-node suites' (unchanged); the second is the two-node suite's.
-PLACES = (Place(NODE_NAME, POD_CIDR, NODE_IP, ""),
-          Place("dispatch-e2e-node-2", "10.217.2.0/24", "10.217.2.1", "/dispatch-e2e-node-2"))
+# A bridge each: CNI's bridge plugin, as the pods' gateway, refuses a bridge holding another IPv4 address.
+PLACES = (Place(NODE_NAME, BRIDGE, POD_CIDR, NODE_IP, ""),
+          Place("dispatch-e2e-node-2", "dspe2e1", "10.217.2.0/24", "10.217.2.1", "/dispatch-e2e-node-2"))
 LOCK = Path("/run/lock/dispatch-admission-e2e-node.lock")
 
 SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
@@ -328,18 +331,23 @@ def _http_ok(url: str) -> bool:
         return r.status == 200
 
 
-def _guards(place: Place) -> dict[str, tuple[str, list[list[str]]]]:
-    """The guard chains' rules for a node: nothing from its pod CIDR leaves through another interface; nothing
-    reaches its address or its pods from anywhere but the bridge and loopback. A later node's are only its DROPs,
-    appended to the first's chains."""
-    ins = [["-d", place.ip, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"]]
-    fwd = [["-s", place.pod_cidr, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"]]
+def _guards(place: Place) -> dict[str, tuple[str, list[list[str]], list[list[str]]]]:
+    """The guard chains' rules for a node, (chain, accepts, drops) by parent chain: delivered here, only from
+    loopback or a node's bridge may anything reach the node address or its pods; routed, pod to pod between the
+    nodes' bridges only: nothing from the pod CIDR out through another interface, nothing from outside in. A later
+    node's rules go into the first's chains (its accepts first)."""
+    br, first = place.bridge, PLACES[0].bridge
+    ins_accept = [["-i", br, "-j", "RETURN"]]
+    fwd_accept = [["-i", br, "-o", br, "-j", "RETURN"]]
     if place == PLACES[0]:
-        # delivered here: only from loopback or the bridge; routed: pod to pod on the bridge only
-        ins = [["-i", "lo", "-j", "RETURN"], ["-i", BRIDGE, "-j", "RETURN"], *ins]
-        fwd = [["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"], *fwd,
-               ["-i", BRIDGE, "-j", "DROP"], ["-o", BRIDGE, "-j", "DROP"]]
-    return {"INPUT": (f"{GUARD_CHAIN}-IN", ins), "FORWARD": (f"{GUARD_CHAIN}-FWD", fwd)}
+        ins_accept = [["-i", "lo", "-j", "RETURN"], *ins_accept]
+    else:
+        fwd_accept += [["-i", br, "-o", first, "-j", "RETURN"], ["-i", first, "-o", br, "-j", "RETURN"]]
+    ins_drop = [["-d", place.ip, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"]]
+    fwd_drop = [["-s", place.pod_cidr, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"],
+                ["-i", br, "-j", "DROP"], ["-o", br, "-j", "DROP"]]
+    return {"INPUT": (f"{GUARD_CHAIN}-IN", ins_accept, ins_drop),
+            "FORWARD": (f"{GUARD_CHAIN}-FWD", fwd_accept, fwd_drop)}
 
 
 class Node:
@@ -385,37 +393,38 @@ class Node:
         for net in ((POD_CIDR, SERVICE_CIDR) if self.first else (self.place.pod_cidr,)):
             for route in json.loads(_sh("ip", "-j", "route", "show", "table", "all").stdout or "[]"):
                 dst = route.get("dst", "")
-                if dst in ("default", "") or route.get("dev") == BRIDGE:
+                if dst in ("default", "") or route.get("dev") == self.place.bridge:
                     continue
                 try:
                     if ipaddress.ip_network(dst, strict=False).overlaps(ipaddress.ip_network(net)):
                         raise RuntimeError(f"{net} overlaps this machine's route {dst}: pick another range")
                 except ValueError:
                     pass
-        if self.first and _sh("ip", "link", "show", BRIDGE, check=False).returncode != 0:
-            _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        bridge = self.place.bridge
+        if _sh("ip", "link", "show", bridge, check=False).returncode != 0:
+            _sh("ip", "link", "add", bridge, "type", "bridge")
         prefix = ipaddress.ip_network(self.place.pod_cidr).prefixlen
-        _sh("ip", "addr", "replace", f"{self.place.ip}/{prefix}", "dev", BRIDGE)
-        _sh("ip", "link", "set", BRIDGE, "up")
+        _sh("ip", "addr", "replace", f"{self.place.ip}/{prefix}", "dev", bridge)
+        _sh("ip", "link", "set", bridge, "up")
         ipt = ["iptables", "-w"]
-        for parent, (chain, rules) in _guards(self.place).items():
+        for parent, (chain, accepts, drops) in _guards(self.place).items():
             if self.first:
                 _sh(*ipt, "-N", chain, check=False)
                 _sh(*ipt, "-F", chain)
-            for rule in rules:
-                if self.first or _sh(*ipt, "-C", chain, *rule, check=False).returncode != 0:
-                    _sh(*ipt, "-A", chain, *rule)
+            for rule in accepts:  # a later node's before the first's drops
+                _sh(*ipt, "-A" if self.first else "-I", chain, *([] if self.first else ["1"]), *rule)
+            for rule in drops:
+                _sh(*ipt, "-A", chain, *rule)
             if self.first and _sh(*ipt, "-C", parent, "-j", chain, check=False).returncode != 0:
                 _sh(*ipt, "-I", parent, "1", "-j", chain)
 
     def _stop_network(self) -> None:
-        """A later node's part of the network undone: its guard rules and its address (the bridge stays)."""
-        for _parent, (chain, rules) in _guards(self.place).items():
-            for rule in rules:
-                if rule[-1] == "DROP" and (self.place.ip in rule or self.place.pod_cidr in rule):
-                    _sh("iptables", "-w", "-D", chain, *rule, check=False)
-        prefix = ipaddress.ip_network(self.place.pod_cidr).prefixlen
-        _sh("ip", "addr", "del", f"{self.place.ip}/{prefix}", "dev", BRIDGE, check=False)
+        """A later node's part of the network undone: its guard rules and its bridge (the first node's teardown
+        takes the chains)."""
+        for _parent, (chain, accepts, drops) in _guards(self.place).items():
+            for rule in accepts + drops:
+                _sh("iptables", "-w", "-D", chain, *rule, check=False)
+        _sh("ip", "link", "del", self.place.bridge, check=False)
 
     # -- processes --
 
@@ -444,7 +453,7 @@ class Node:
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-dispatch-e2e.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "dispatch-e2e",
-            "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+            "plugins": [{"type": "bridge", "bridge": self.place.bridge, "isGateway": True, "ipMasq": False,
                          "hairpinMode": True,
                          "ipam": {"type": "host-local", "dataDir": str(base / "ipam"),
                                   "ranges": [[{"subnet": self.place.pod_cidr, "gateway": self.place.ip}]],

@@ -91,8 +91,12 @@ def two(shared_node, tmp_path_factory):
                          webhook_values(nc.images, webhook_image))
         stack.callback(_uninstall_leftovers, inst)
         started = time.monotonic()
-        inst.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
-                      "--timeout", "5m", values=inst.values)
+        got = inst.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
+                            "--timeout", "5m", values=inst.values, check=False)
+        if got.returncode != 0:
+            pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+            events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
+            raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}")
         print(f"helm install --wait on two nodes: {time.monotonic() - started:.0f}s")
         yield Two(inst, second, mirror)
 
