@@ -29,7 +29,7 @@ from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import LOGS
 from tests.e2e.node import PLACES, Node, add_node
-from tests.e2e.node_env import NS, ensure_namespaces, reset_workloads
+from tests.e2e.node_env import NS, ensure_namespaces, kube, reset_workloads
 from tests.e2e.registry import Registry
 from tests.e2e.test_install import (
     CHART,
@@ -112,6 +112,41 @@ def test_the_chart_spreads_its_two_replicas_one_per_node_under_a_pdb(two):
     assert keeper, "the runtime keeper is a native sidecar of the webhook pod (it leaves with the pod)"
     pdb = two.inst.cluster.get("poddisruptionbudget", FULL, RNS)
     assert pdb and pdb["spec"]["minAvailable"] == 1, pdb
+
+
+# ---- the network between the nodes ----
+
+def bare_pod(two, name: str, node: str, script: str, restart: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"nodeName": node, "restartPolicy": restart, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": two.inst.images.training,
+                                     "command": ["/bin/sh", "-c", script]}]}}
+
+
+def test_a_pod_on_each_node_reaches_a_pod_on_the_other_through_the_host(two):
+    """Pod to pod across the nodes' bridges, routed by the host inside the guard chains (no Service, no proxy)."""
+    c, k = two.inst.cluster, kube(two.inst.cluster)
+    servers = {node: f"web-{i}" for i, node in enumerate((FIRST, SECOND))}
+    try:
+        for node, name in servers.items():
+            c.apply(bare_pod(two, name, node, "mkdir -p /tmp/www && echo \"served on $(hostname)\" > "
+                             "/tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www", "Always"))
+        ips = {node: eventually(lambda name=name: (k.pod(name, NS) or {}).get("status", {}).get("podIP"),
+                                f"{name} has an address", 120, every=0.5) for node, name in servers.items()}
+        assert ips[FIRST].startswith("10.217.0.") and ips[SECOND].startswith("10.217.2."), ips
+        for i, (node, peer) in enumerate(((SECOND, FIRST), (FIRST, SECOND))):
+            c.apply(bare_pod(two, f"client-{i}", node, f"until wget -qO- -T 2 http://{ips[peer]}:8080/; do sleep 1; "
+                             "done", "Never"))
+        for i, peer in enumerate((FIRST, SECOND)):
+            done = eventually(lambda i=i: (k.pod(f"client-{i}", NS) or {}).get("status", {}).get("phase")
+                              in ("Succeeded", "Failed") and k.pod(f"client-{i}", NS), f"client-{i} ended", 120,
+                              every=0.5)
+            assert done["status"]["phase"] == "Succeeded", done["status"]
+            got = c.kubectl("logs", "-n", NS, f"client-{i}").stdout
+            assert got.strip() == f"served on {servers[peer]}", got
+    finally:
+        c.kubectl("delete", "pods", "-n", NS, *servers.values(), "client-0", "client-1", "--ignore-not-found",
+                  "--grace-period=1", timeout=120)
 
 
 # ---- verify, node by node ----
