@@ -33,7 +33,8 @@ def pytest_report_header(config):
 # can exist on a host at a time) are one group, run by one worker one after another; every other file is a group
 # of its own, so its module fixtures start once and its tests keep their order; the `env` control plane (a
 # session fixture) starts once in each worker that needs it.
-NODE_SUITES = ("test_node.py", "test_verify.py", "test_kueue.py", "test_install.py")
+# test_two_nodes.py last: it adds a second node to the shared one (node.py's add_node) and takes it away after.
+NODE_SUITES = ("test_node.py", "test_verify.py", "test_kueue.py", "test_install.py", "test_two_nodes.py")
 # Files whose tests share no module fixture and depend on no order: spread over the workers test by test.
 INDEPENDENT = ("test_helm.py", "test_chart_trust.py", "test_chart_docs.py")
 LAST = ("test_image.py",)
@@ -153,7 +154,8 @@ def shared_node(request, tmp_path_factory):
     with contextlib.ExitStack() as stack:
         others = stack.enter_context(first_on_the_cpu())
         nc = start_trainer_on_node(stack, tmp)
-        if any(Path(str(item.fspath)).name == "test_install.py" for item in request.session.items):
+        chart_suites = ("test_install.py", "test_two_nodes.py")
+        if any(Path(str(item.fspath)).name in chart_suites for item in request.session.items):
             # At the other workers' priority: the node's start comes first. Not left running past the node.
             stack.callback(prebuild_webhook_image(nc.registry, nice=others).join)
         yield nc

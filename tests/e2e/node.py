@@ -19,6 +19,15 @@ puts it back. Teardown runs in the order the notes give: the pods removed, the k
 sandboxes removed, containerd stopped, then mounts, the bridge, cgroups, chains, sysctls and dirs.
 
 One node at a time on a machine: a file lock serialises sessions (another agent's, or CI's).
+
+A second node (`add_node`, issue 50: the two-node suite) is a second containerd and kubelet of the same
+session, beside the first: its own work dir (containerd root, state, sockets, runc root, NRI socket; the
+kubelet's root dir, ports, certificate), node name, address and pod CIDR (PLACES), and its own cgroup root
+(`/dispatch-e2e-node-2` in every hierarchy: a kubelet removes the pod cgroups under its root that it does not
+know), and its own bridge (`dspe2e1`, its gateway address and /24: pods of both nodes reach each other through the
+host's routing between the bridges, inside the same guard chains). It shares the control plane, the controllers
+and the one kube-proxy (both kubelets are on this host's network: one set of Service rules serves them). Shared
+by both kubelets, unused here: the device plugins' directory (/var/lib/kubelet/device-plugins, a fixed path).
 """
 
 from __future__ import annotations
@@ -57,6 +66,22 @@ POD_CIDR = "10.217.0.0/24"
 SERVICE_CIDR = "10.217.1.0/24"
 NODE_IP = "10.217.0.1"
 GUARD_CHAIN = "DISPATCH-E2E"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a node of the harness lives on this machine."""
+    name: str
+    bridge: str
+    pod_cidr: str
+    ip: str           # the node address and its pods' gateway, on its bridge
+    cgroup_root: str  # the kubelet's cgroupRoot ("" the host's: the first node's kubepods stay where they were)
+
+
+# The first node is the one-node suites' (unchanged); the second is the two-node suite's.
+# A bridge each: CNI's bridge plugin, as the pods' gateway, refuses a bridge holding another IPv4 address.
+PLACES = (Place(NODE_NAME, BRIDGE, POD_CIDR, NODE_IP, ""),
+          Place("dispatch-e2e-node-2", "dspe2e1", "10.217.2.0/24", "10.217.2.1", "/dispatch-e2e-node-2"))
 LOCK = Path("/run/lock/dispatch-admission-e2e-node.lock")
 
 SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
@@ -306,11 +331,33 @@ def _http_ok(url: str) -> bool:
         return r.status == 200
 
 
+def _guards(place: Place) -> dict[str, tuple[str, list[list[str]], list[list[str]]]]:
+    """The guard chains' rules for a node, (chain, accepts, drops) by parent chain: delivered here, only from
+    loopback or a node's bridge may anything reach the node address or its pods; routed, pod to pod between the
+    nodes' bridges only: nothing from the pod CIDR out through another interface, nothing from outside in. A later
+    node's rules go into the first's chains (its accepts first)."""
+    br, first = place.bridge, PLACES[0].bridge
+    ins_accept = [["-i", br, "-j", "RETURN"]]
+    fwd_accept = [["-i", br, "-o", br, "-j", "RETURN"]]
+    if place == PLACES[0]:
+        ins_accept = [["-i", "lo", "-j", "RETURN"], *ins_accept]
+    else:
+        fwd_accept += [["-i", br, "-o", first, "-j", "RETURN"], ["-i", first, "-o", br, "-j", "RETURN"]]
+    ins_drop = [["-d", place.ip, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"]]
+    fwd_drop = [["-s", place.pod_cidr, "-j", "DROP"], ["-d", place.pod_cidr, "-j", "DROP"],
+                ["-i", br, "-j", "DROP"], ["-o", br, "-j", "DROP"]]
+    return {"INPUT": (f"{GUARD_CHAIN}-IN", ins_accept, ins_drop),
+            "FORWARD": (f"{GUARD_CHAIN}-FWD", fwd_accept, fwd_drop)}
+
+
 class Node:
     """The node's processes and host changes; `start_network()` before the control plane starts (its
     address lives on the bridge), `start()` after, `stop()` always."""
 
-    def __init__(self, workdir: Path, proxy: bool = True):
+    def __init__(self, workdir: Path, proxy: bool = True, index: int = 0):
+        """`index` picks the node's place (PLACES): 0 runs the cluster's controllers and kube-proxy too."""
+        self.place = PLACES[index]
+        self.first = index == 0
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bins = toolchain.node_bins()
@@ -339,41 +386,45 @@ class Node:
                 time.sleep(2)
 
     def start_network(self) -> None:
-        self.host = HostState.record()
-        for net in (POD_CIDR, SERVICE_CIDR):
+        """The first node: the bridge, its address, the guard chains. A later node: its address on the bridge and
+        its ranges in the guard chains (the first node's teardown takes the chains and the bridge)."""
+        if self.first:
+            self.host = HostState.record()
+        for net in ((POD_CIDR, SERVICE_CIDR) if self.first else (self.place.pod_cidr,)):
             for route in json.loads(_sh("ip", "-j", "route", "show", "table", "all").stdout or "[]"):
                 dst = route.get("dst", "")
-                if dst in ("default", "") or route.get("dev") == BRIDGE:
+                if dst in ("default", "") or route.get("dev") == self.place.bridge:
                     continue
                 try:
                     if ipaddress.ip_network(dst, strict=False).overlaps(ipaddress.ip_network(net)):
                         raise RuntimeError(f"{net} overlaps this machine's route {dst}: pick another range")
                 except ValueError:
                     pass
-        if _sh("ip", "link", "show", BRIDGE, check=False).returncode != 0:
-            _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        prefix = ipaddress.ip_network(POD_CIDR).prefixlen
-        _sh("ip", "addr", "replace", f"{NODE_IP}/{prefix}", "dev", BRIDGE)
-        _sh("ip", "link", "set", BRIDGE, "up")
-        # The guard: nothing from the pod CIDR leaves through another interface; nothing reaches the node
-        # address or the pods from anywhere but the bridge and loopback.
+        bridge = self.place.bridge
+        if _sh("ip", "link", "show", bridge, check=False).returncode != 0:
+            _sh("ip", "link", "add", bridge, "type", "bridge")
+        prefix = ipaddress.ip_network(self.place.pod_cidr).prefixlen
+        _sh("ip", "addr", "replace", f"{self.place.ip}/{prefix}", "dev", bridge)
+        _sh("ip", "link", "set", bridge, "up")
         ipt = ["iptables", "-w"]
-        guards = {
-            # delivered here: only from loopback or the bridge may anything reach the node address or pods
-            "INPUT": (f"{GUARD_CHAIN}-IN", [["-i", "lo", "-j", "RETURN"], ["-i", BRIDGE, "-j", "RETURN"],
-                                            ["-d", NODE_IP, "-j", "DROP"], ["-d", POD_CIDR, "-j", "DROP"]]),
-            # routed: pod to pod on the bridge only; nothing from the pods out, nothing from outside in
-            "FORWARD": (f"{GUARD_CHAIN}-FWD", [["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"],
-                                               ["-s", POD_CIDR, "-j", "DROP"], ["-d", POD_CIDR, "-j", "DROP"],
-                                               ["-i", BRIDGE, "-j", "DROP"], ["-o", BRIDGE, "-j", "DROP"]]),
-        }
-        for parent, (chain, rules) in guards.items():
-            _sh(*ipt, "-N", chain, check=False)
-            _sh(*ipt, "-F", chain)
-            for rule in rules:
+        for parent, (chain, accepts, drops) in _guards(self.place).items():
+            if self.first:
+                _sh(*ipt, "-N", chain, check=False)
+                _sh(*ipt, "-F", chain)
+            for rule in accepts:  # a later node's before the first's drops
+                _sh(*ipt, "-A" if self.first else "-I", chain, *([] if self.first else ["1"]), *rule)
+            for rule in drops:
                 _sh(*ipt, "-A", chain, *rule)
-            if _sh(*ipt, "-C", parent, "-j", chain, check=False).returncode != 0:
+            if self.first and _sh(*ipt, "-C", parent, "-j", chain, check=False).returncode != 0:
                 _sh(*ipt, "-I", parent, "1", "-j", chain)
+
+    def _stop_network(self) -> None:
+        """A later node's part of the network undone: its guard rules and its bridge (the first node's teardown
+        takes the chains)."""
+        for _parent, (chain, accepts, drops) in _guards(self.place).items():
+            for rule in accepts + drops:
+                _sh("iptables", "-w", "-D", chain, *rule, check=False)
+        _sh("ip", "link", "del", self.place.bridge, check=False)
 
     # -- processes --
 
@@ -392,23 +443,23 @@ class Node:
         self.registry = registry
         self._start_containerd(registry, images)
         self._start_kubelet(cluster)
-        self._start_controllers(cluster)
+        if self.first:
+            self._start_controllers(cluster)
 
     def _start_containerd(self, registry: Registry, images: Images) -> None:
         base = self.dir / "containerd"
-        (base / "certs.d" / registry.host).mkdir(parents=True, exist_ok=True)
-        (base / "certs.d" / registry.host / "hosts.toml").write_text(
-            f'server = "http://{registry.host}"\n\n[host."http://{registry.host}"]\n'
-            '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n')
+        self.pull_from(registry.host, registry.host)
         cni_conf = base / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-dispatch-e2e.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "dispatch-e2e",
-            "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+            "plugins": [{"type": "bridge", "bridge": self.place.bridge, "isGateway": True, "ipMasq": False,
                          "hairpinMode": True,
                          "ipam": {"type": "host-local", "dataDir": str(base / "ipam"),
-                                  "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
-                                  "routes": [{"dst": SERVICE_CIDR}]}}]}))
+                                  "ranges": [[{"subnet": self.place.pod_cidr, "gateway": self.place.ip}]],
+                                  # the Services, and the other nodes' pods through the host
+                                  "routes": [{"dst": SERVICE_CIDR}, *({"dst": p.pod_cidr} for p in PLACES
+                                                                      if p != self.place)]}}]}))
         bindir = self.bins["containerd"].parent
         config = base / "config.toml"
         config.write_text(f"""version = 3
@@ -454,11 +505,25 @@ state = "{base / 'state'}"
 
 [plugins."io.containerd.transfer.v1.local"]
   config_path = "{base / 'certs.d'}"
+
+# its own (the default, /var/run/nri/nri.sock, is one per machine: a second containerd took it over)
+[plugins."io.containerd.nri.v1.nri"]
+  socket_path = "{base / 'nri.sock'}"
 """)
         # containerd finds containerd-shim-runc-v2 (and the shim finds runc) on PATH.
         path = f"{bindir}:{self.bins['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"
         proc = self._spawn("containerd", [str(self.bins["containerd"]), "--config", str(config)], env={"PATH": path})
         _wait("containerd", lambda: self.ctr("version").returncode == 0, 60, proc, self.logs["containerd"])
+
+    def pull_from(self, host: str, server: str) -> None:
+        """Where this node's containerd pulls images named `host/...` from: `server`, a registry on loopback
+        speaking plain HTTP (its hosts.toml, read at each pull: no restart). The node's registry itself, or a
+        mirror (the two-node suite's node that cannot pull the publish image)."""
+        hosts = self.dir / "containerd" / "certs.d" / host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(
+            f'server = "http://{server}"\n\n[host."http://{server}"]\n'
+            '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n')
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bins["ctr"]), "--address", str(self.containerd_sock), *args],
@@ -472,19 +537,23 @@ state = "{base / 'state'}"
     def _start_kubelet(self, cluster: ControlPlane) -> None:
         base = self.dir / "kubelet"
         base.mkdir(parents=True, exist_ok=True)
-        cert, key = identity(cluster, "kubelet", f"system:node:{NODE_NAME}", ("system:nodes",),
-                             server_names=(NODE_IP, NODE_NAME))
-        kubeconfig = kubeconfig_for(cluster, "kubelet", cert, key)
+        me = "kubelet" if self.first else f"kubelet-{self.place.name}"
+        cert, key = identity(cluster, me, f"system:node:{self.place.name}", ("system:nodes",),
+                             server_names=(self.place.ip, self.place.name))
+        kubeconfig = kubeconfig_for(cluster, me, cert, key)
+        if self.place.cgroup_root:  # the kubelet wants its cgroup root in every hierarchy before it starts
+            self._make_cgroup_root()
         config = base / "config.yaml"
         config.write_text(yaml.safe_dump({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": NODE_IP, "port": self.kubelet_port, "readOnlyPort": 0,
+            "address": self.place.ip, "port": self.kubelet_port, "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": self.kubelet_healthz,
             "tlsCertFile": cert, "tlsPrivateKeyFile": key,
             "authentication": {"x509": {"clientCAFile": cluster.ca_file}, "webhook": {"enabled": True},
                                "anonymous": {"enabled": False}},
             "authorization": {"mode": "Webhook"},
             "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            **({"cgroupRoot": self.place.cgroup_root} if self.place.cgroup_root else {}),
             "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
             "imageServiceEndpoint": f"unix://{self.containerd_sock}",
             "volumePluginDir": str(base / "volume-plugins"), "podLogsDir": str(self.dir / "pod-logs"),
@@ -498,15 +567,25 @@ state = "{base / 'state'}"
             "localStorageCapacityIsolation": True,  # ephemeral-storage requests and limits, as real nodes keep them
         }))
         proc = self._spawn("kubelet", [str(self.bins["kubelet"]), "--config", str(config), "--kubeconfig", kubeconfig,
-                                       "--root-dir", str(base / "root"), "--hostname-override", NODE_NAME,
-                                       "--node-ip", NODE_IP, "--v", "2"],
+                                       "--root-dir", str(base / "root"), "--hostname-override", self.place.name,
+                                       "--node-ip", self.place.ip, "--v", "2"],
                            env={"PATH": f"{self.bins['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"})
         _wait("the node", lambda: self.node_ready(cluster), 180, proc, self.logs["kubelet"])
 
     def node_ready(self, cluster: ControlPlane) -> bool:
-        node = cluster.get("node", NODE_NAME)
+        node = cluster.get("node", self.place.name)
         return bool(node) and any(c["type"] == "Ready" and c["status"] == "True"
                                   for c in node.get("status", {}).get("conditions", []))
+
+    def _cgroup_dirs(self) -> list[Path]:
+        return [root / self.place.cgroup_root.strip("/") for root in _cgroup_roots()]
+
+    def _make_cgroup_root(self) -> None:
+        for path in self._cgroup_dirs():
+            path.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):  # cgroup v1's cpuset: empty until copied from the parent
+                if (path / name).exists() and not (path / name).read_text().strip():
+                    (path / name).write_text((path.parent / name).read_text())
 
     def _start_controllers(self, cluster: ControlPlane) -> None:
         kcm_cert = identity(cluster, "kcm", "system:kube-controller-manager")
@@ -586,6 +665,8 @@ state = "{base / 'state'}"
         self._stopped = True
         problems = self.problems
         cluster = getattr(self, "cluster", None)
+        if not self.first:
+            return self._stop_later_node(cluster)
         if cluster is not None and "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
             # The workloads go first, while the Job controller and the garbage collector still run (pods carry
             # the Job controller's tracking finalizer): no webhook may block it (the harness's webhook servers
@@ -601,13 +682,7 @@ state = "{base / 'state'}"
         for name in ("jobset-controller-manager", "kube-controller-manager", "kube-scheduler"):
             if name in self.procs:
                 stop(self.procs[name])
-        if "kubelet" in self.procs:
-            stop(self.procs["kubelet"])
-        if "containerd" in self.procs and self.procs["containerd"].poll() is None:
-            for pod in self.crictl("pods", "-q").stdout.split():
-                self.crictl("stopp", pod)
-                self.crictl("rmp", "-f", pod)
-            stop(self.procs["containerd"], timeout=30)
+        self._stop_runtime()
         if "kube-proxy" in self.procs:
             stop(self.procs["kube-proxy"])
         self._kill_shims()
@@ -630,32 +705,66 @@ state = "{base / 'state'}"
             self._lock = None
         return problems
 
+    def _stop_runtime(self) -> None:
+        """The kubelet stopped, then the sandboxes removed and containerd stopped."""
+        if "kubelet" in self.procs:
+            stop(self.procs["kubelet"])
+        if "containerd" in self.procs and self.procs["containerd"].poll() is None:
+            for pod in self.crictl("pods", "-q").stdout.split():
+                self.crictl("stopp", pod)
+                self.crictl("rmp", "-f", pod)
+            stop(self.procs["containerd"], timeout=30)
+
+    def _stop_later_node(self, cluster: ControlPlane | None) -> list[str]:
+        """A later node leaves the cluster: its pods deleted while its kubelet runs, its runtime stopped, its
+        Node object deleted, then its mounts, cgroups and network undone (the first node's teardown takes the rest
+        of the host's state, and holds the lock)."""
+        problems = self.problems
+        if cluster is not None and "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
+            got = cluster.kubectl("delete", "pods", "-A", "--field-selector", f"spec.nodeName={self.place.name}",
+                                  "--grace-period=1", "--timeout=90s", check=False, timeout=120)
+            if got.returncode != 0:
+                problems.append(f"pods of {self.place.name}: {got.stderr.strip()[-500:]}")
+        self._stop_runtime()
+        if cluster is not None:
+            cluster.kubectl("delete", "node", self.place.name, "--ignore-not-found", check=False)
+            cluster.kubectl("delete", "pods", "-A", "--field-selector", f"spec.nodeName={self.place.name}",
+                            "--force", "--grace-period=0", check=False)
+        self._kill_shims()
+        self._unmount_all()
+        for path in self._cgroup_dirs():
+            if path.exists():
+                problems += _rmdir_cgroup(path)
+        self._stop_network()
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                problems.append(f"{name} still running")
+        return problems
+
     def _kill_shims(self) -> None:
-        """containerd-shim-runc-v2 processes re-parent to init: end those started from our binary, by pid."""
-        shim = str(self.bins["containerd-shim-runc-v2"])
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                exe = os.readlink(f"/proc/{pid}/exe")
-            except OSError:
-                continue
-            if exe == shim:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        """containerd-shim-runc-v2 processes re-parent to init: end those started from our binary for this node's
+        containerd (its socket is in their command line; another node's shims run the same binary), by pid."""
+        for pid in self._shims():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            alive = []
-            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-                try:
-                    if os.readlink(f"/proc/{pid}/exe") == shim:
-                        alive.append(pid)
-                except OSError:
-                    pass
+            alive = self._shims()
             if not alive:
                 return
             time.sleep(0.2)
         self.problems.append(f"shims still running: {alive}")
+
+    def _shims(self) -> list[str]:
+        shim, address = str(self.bins["containerd-shim-runc-v2"]), str(self.containerd_sock).encode()
+        found = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if os.readlink(f"/proc/{pid}/exe") == shim and address in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
 
     def _unmount_all(self) -> None:
         mine = str(self.dir.resolve())
@@ -728,3 +837,18 @@ def start_node_cluster(stack: contextlib.ExitStack, tmp: Path, crds: list[Path],
     finally:
         logs.update(node.logs)
     return NodeCluster(cluster, node, registry, images)
+
+
+def add_node(stack: contextlib.ExitStack, nc: NodeCluster, workdir: Path, index: int = 1,
+             logs: dict[str, Path] | None = None) -> Node:
+    """A further node of `nc`'s cluster (PLACES[index]): its containerd and kubelet, Ready; it leaves the cluster
+    (pods, Node object, host changes) with `stack`, before the first node's teardown."""
+    node = Node(workdir, proxy=False, index=index)
+    stack.callback(node.stop)
+    node.start_network()
+    try:
+        node.start(nc.cluster, nc.registry, nc.images)
+    finally:
+        if logs is not None:
+            logs.update({f"{k} ({node.place.name})": v for k, v in node.logs.items()})
+    return node
