@@ -1009,7 +1009,8 @@ def test_hostile_tenant_at_volume(inst):
         report["clients cut off (log lines)"] = sum(t.count(CUT_OFF) for t in logs_.values()) - cut_before
         report["pods"] = {}
         for p in inst.pods():
-            statuses = {st["name"]: st for st in p["status"].get("containerStatuses", [])}
+            statuses = {st["name"]: st for st in p["status"].get("containerStatuses", []) +
+                        p["status"].get("initContainerStatuses", [])}  # the keeper is a native sidecar
             n = p["metadata"]["name"]
             report["pods"][n] = {ctr: {
                 "restarts": statuses[ctr]["restartCount"],
