@@ -1038,10 +1038,12 @@ def test_hostile_tenant_at_volume(inst):
     finally:
         load.stop()
         delete_load(c, timeout=600)
-        for name in ("pipeline", "nested", "pipeline-all", "nested-all"):
-            c.kubectl("delete", "pod", name, "-n", HOSTILE_NS, "--wait=false", check=False)
-        inst.nc.owe(f"namespace {HOSTILE_NS} deleted", lambda: c.kubectl(
-            "delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=600s", check=False, timeout=620))
+        # Deleted here, not owed to the node: with 1,600 runtimes (some 240 MB) still stored, this 2-core node's API
+        # server timed out the memory test's creates (504) and the uninstall's pods outlived its wait (2026-12-06).
+        # The hostile test's deletion, owed before, then finds nothing to delete.
+        started = time.monotonic()
+        c.kubectl("delete", "namespace", HOSTILE_NS, "--wait=true", "--timeout=600s", check=False, timeout=620)
+        print(f"\nnamespace {HOSTILE_NS} deleted in {time.monotonic() - started:.0f}s")
 
 
 MEMORY_RUNTIMES = 10_000  # ordinary runtimes, copies of the example torch runtime
@@ -1079,7 +1081,11 @@ def each_runtime(c: ControlPlane, method: str, items, ok: tuple[int, ...]) -> No
         api = getattr(local, "api", None) or Api(c, timeout=120)
         local.api = api
         path, body = (RUNTIMES_PATH, item) if method == "POST" else (f"{RUNTIMES_PATH}/{item}", None)
-        status, got = api.request(method, path, body)
+        for _ in range(5):  # this 2-core node's API server times out (504) or sheds (429) under load: sent again
+            status, got = api.request(method, path, body)  # (a create that went through after its 504: 409, ok)
+            if status not in (429, 504):
+                break
+            time.sleep(2)
         assert status in ok, (method, path, status, str(got)[:300])
 
     with ThreadPoolExecutor(12) as pool:
