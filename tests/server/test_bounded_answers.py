@@ -182,6 +182,7 @@ def test_a_nested_list_body_at_the_size_limit_is_refused_before_it_is_parsed(ser
     assert r.status_code == 413, r.text[:300]
     reason = r.json()
     assert reason["code"] == 413 and "once parsed" in reason["error"] and "holds at most" in reason["error"], reason
-    assert elapsed < 1.0, elapsed
+    # no bound in time here (a loaded machine's): the memory says it was not parsed; the pre-scan's time is
+    # asserted alone (tests/unit/test_parsed_bound.py, a timing test)
     assert grown < 40 * 2**20, grown  # the body itself (7 MiB) while it is read; nothing parsed
     assert server.review(review(trainjob()))["allowed"] is True

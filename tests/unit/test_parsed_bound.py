@@ -53,6 +53,7 @@ def test_the_bound_is_never_below_what_parsing_allocates(shape):
     assert parsed_bound(body) >= allocated(body), shape
 
 
+@pytest.mark.timing  # a time bound: run alone, after the parallel pass (make test)
 def test_a_nested_list_body_at_the_size_limit_is_bounded_far_past_the_budget_quickly():
     body = b"[" + b",".join([b"[]"] * (7 * 1024 * 1024 // 3)) + b"]"
     started = time.perf_counter()

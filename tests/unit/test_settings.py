@@ -220,6 +220,7 @@ def test_every_list_in_the_schema_is_bounded():
     assert found and all(isinstance(a.get("maxItems"), int) for a in found)
 
 
+@pytest.mark.timing  # a time bound: run alone, after the parallel pass (make test)
 def test_five_thousand_credentials_are_checked_in_under_a_second():
     """Comparing each pair of mount paths took 15 s for 4,000 credentials: a settings file of 5,000 is refused
     for its count at once, and the overlap check itself is n log n: among 5,000 paths, every overlap is found
@@ -235,6 +236,7 @@ def test_five_thousand_credentials_are_checked_in_under_a_second():
     assert took < 1.0, took
 
 
+@pytest.mark.timing  # a time bound: run alone, after the parallel pass (make test)
 def test_a_path_overlapping_thousands_is_named_a_few_times_and_counted():
     """5,000 paths at one place are 12.5 million pairs: OVERLAPS_NAMED are named and the rest counted, in
     linear time; at the bound, the reasons say so."""
