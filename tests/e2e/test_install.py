@@ -1169,7 +1169,7 @@ def post_review(host: str, ca: bytes, body: bytes) -> int:
 def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_charts_limit(inst):
     """The chart's pods, with the chart's default limits and workers, under 10,000 runtimes of which 500
     are near the size cap, then 32 reviews of 7 MiB at once: no container is OOM-killed or restarted,
-    every review is answered (200, or 503 where a worker's room for large bodies is full), and the peak
+    every review is answered (200, or 429/503 where a worker's room for large bodies is full), and the peak
     memory of each webhook container is printed against its limit."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -1206,7 +1206,8 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
                                          range(MEMORY_REVIEWS)))
             bodies.clear()
             small = [post_review(h, ca, json.dumps(review_of_runtime("mem-big-0")).encode()) for h in hosts]
-        assert all(s in (200, 503) for s in statuses), statuses
+        # 429: the worker's budget counts a body's parsed bound too (issue 47), and says "not now" when it is full
+        assert all(s in (200, 429, 503) for s in statuses), statuses
         assert statuses.count(200) >= len(hosts), statuses  # each pod took at least one whole
         assert small == [200] * len(hosts), small
         for pod in inst.pods():

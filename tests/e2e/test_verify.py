@@ -377,7 +377,7 @@ def test_a_signal_in_the_middle_leaves_nothing_behind(node_env, pending_claim, s
     assert f"FAILED at scheduled: interrupted by {sig.name} while Unschedulable: 0/1 nodes are available: pod has" \
            " unbound immediate PersistentVolumeClaims" in line_of(run), run.out
     # verify deleted its probe (in the background: the garbage collector takes the JobSet and pods after it)
-    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+    assert wait_nothing_left(c, timeout=120) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
 def test_publish_digest_not_in_the_registry_fails_at_pulled_with_the_pull_error(node_env):
@@ -414,7 +414,7 @@ def test_webhook_not_installed_fails_at_admitted(node_env):
     assert line.split()[1:3] == ["-", "-"], line
     assert "FAILED at admitted: the stored TrainJob has no entry: the webhook did not mutate it" in line
     assert "what to do: install the webhook" in run.out
-    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+    assert wait_nothing_left(c, timeout=120) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
 # ---- what verify leaves: the TTL, --cleanup, the next run, the UID precondition ----
@@ -453,7 +453,7 @@ def test_cleanup_and_the_next_verify_remove_expired_probes_only(node_env):
     assert run.err.startswith(f"verify: removed 1 expired probes in namespace {NS}: verify-expired-2\n"), run.err
     assert run.code == 1 and "FAILED at scheduled" in line_of(run)
     c.kubectl("delete", "trainjob", "verify-live", "labelled-only", "-n", NS)
-    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+    assert wait_nothing_left(c, timeout=120) == {"trainjobs": [], "jobsets": [], "pods": []}
 
 
 def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_env):
@@ -463,6 +463,10 @@ def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_en
     c.apply(probe_doc("verify-namesake", None))
     first = c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"]
     c.kubectl("delete", "trainjob", "verify-namesake", "-n", NS)
+    # its JobSet gone before the namesake comes: one of the same name made while the GC still held the first's
+    # raced, and was left past the wait (a CI run, 2026-12-06). (Not a foreground delete: Trainer makes the JobSet
+    # again for a TrainJob that waits on it, webhook.kube.verify_cluster.)
+    eventually(lambda: not left_behind(c)["jobsets"], "the first TrainJob's JobSet gone", 120, every=0.5)
     c.apply(probe_doc("verify-namesake", None))  # someone else's, under the name
     second = c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"]
     assert first != second
@@ -470,4 +474,4 @@ def test_a_delete_carries_the_uid_so_a_namesake_made_since_is_left_alone(node_en
     assert cluster.delete(NS, "verify-namesake", first) is False
     assert c.get("trainjob", "verify-namesake", NS)["metadata"]["uid"] == second
     assert cluster.delete(NS, "verify-namesake", second) is True
-    assert wait_nothing_left(c, timeout=60) == {"trainjobs": [], "jobsets": [], "pods": []}
+    assert wait_nothing_left(c, timeout=120) == {"trainjobs": [], "jobsets": [], "pods": []}
