@@ -7,6 +7,7 @@ import pytest
 from tests.helpers import EXAMPLES, IMAGE
 from webhook.commands.files import load_settings
 from webhook.core import settings as s
+from webhook.core.credential_mounts import OVERLAPS_NAMED, overlapping_mounts
 from webhook.core.errors import Denied, ErrInvalid
 
 HEX = "b" * 64
@@ -231,7 +232,7 @@ def test_five_thousand_credentials_are_checked_in_under_a_second():
     started = time.perf_counter()
     d = refused(doc)
     assert [(r.field, r.text) for r in d.reasons] == [("credentials", "must hold at most 100 items, not 5000")]
-    assert s.overlapping_mounts(mounts) == ({2500: [100], 3000: [12], 4999: [7]}, 0)
+    assert overlapping_mounts(mounts) == ({2500: [100], 3000: [12], 4999: [7]}, 0)
     took = time.perf_counter() - started
     assert took < 1.0, took
 
@@ -241,16 +242,16 @@ def test_a_path_overlapping_thousands_is_named_a_few_times_and_counted():
     """5,000 paths at one place are 12.5 million pairs: OVERLAPS_NAMED are named and the rest counted, in
     linear time; at the bound, the reasons say so."""
     started = time.perf_counter()
-    found, more = s.overlapping_mounts(["/same"] * 5000)
+    found, more = overlapping_mounts(["/same"] * 5000)
     assert time.perf_counter() - started < 1.0
-    assert sum(map(len, found.values())) == s.OVERLAPS_NAMED and more == 5000 * 4999 // 2 - s.OVERLAPS_NAMED
+    assert sum(map(len, found.values())) == OVERLAPS_NAMED and more == 5000 * 4999 // 2 - OVERLAPS_NAMED
     d = refused({"credentials": creds(s.MAX_CREDENTIALS, lambda i: "/same")})
     got = [(r.field, r.text) for r in d.reasons]
     assert got[:2] == [("credentials[1].mountPath", "'/same' overlaps credentials[0].mountPath '/same'"),
                        ("credentials[2].mountPath", "'/same' overlaps credentials[0].mountPath '/same'")]
-    assert len(got) == s.OVERLAPS_NAMED + 1
-    assert got[-1] == ("credentials", f"{100 * 99 // 2 - s.OVERLAPS_NAMED} more pairs of overlapping mountPaths"
-                                      f" (the first {s.OVERLAPS_NAMED} are named)")
+    assert len(got) == OVERLAPS_NAMED + 1
+    assert got[-1] == ("credentials", f"{100 * 99 // 2 - OVERLAPS_NAMED} more pairs of overlapping mountPaths"
+                                      f" (the first {OVERLAPS_NAMED} are named)")
 
 
 @pytest.mark.parametrize("mounts,pairs", [

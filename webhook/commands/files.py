@@ -13,7 +13,8 @@ import yaml
 
 from ..core.errors import Denied
 from ..core.runtimes import CLUSTER_KIND, GROUP, KINDS, NAMESPACED_KIND, RuntimeIndex
-from ..core.settings import Settings, doc_reason, parse
+from ..core.settings import Settings, parse
+from ..core.strict_json import doc_reason
 
 STDIN = "-"
 

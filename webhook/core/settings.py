@@ -2,24 +2,24 @@
 
 The JSON Schema is produced here and the parser validates with it, so the published Schema and the
 parser agree; what the Schema cannot express (unique credential names, overlapping mount paths,
-duplicate keys) the parser checks after it. Every refusal is ErrInvalid naming the key path.
+duplicate keys) the parser checks after it (webhook.core.credential_mounts, webhook.core.strict_json). Every
+refusal is ErrInvalid naming the key path.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import islice
 from typing import Any, cast
 
 import jsonschema
 
 from . import images, paths
+from .credential_mounts import credential_reasons
 from .errors import RULE_SETTINGS, Denied, ErrInvalid, Reason, Reasons
+from .strict_json import decode, join_key, key_path, strict_reasons
 
 DEFAULT_MANAGER = "dispatch.go.phpboyscout.uk/publish"
 PUBLISH_VOLUME = "dispatch-publish"
@@ -34,26 +34,10 @@ DOMAIN_PREFIXED_PATH = (
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
 )
 
-# What Trainer v2.3.0's plugins mount into the pods after the runtimePatches are merged (SPEC 2). Trainer matches
-# mounts by path, so a credential overlapping one of these would silently replace it or be replaced (found: a
-# credential at /etc/mpi vanished from an MPI launcher).
-TRAINER_PLUGIN_PATHS: tuple[tuple[str, str], ...] = (
-    ("/etc/mpi", "MPI (the hostfile)"),
-    ("/etc/flux-config", "Flux"),
-    ("/curve", "Flux"),
-    ("/mnt/flux", "Flux"),
-    ("/dev/shm", "Flux"),
-    ("/opt/software", "Flux"),
-    ("/var/run/secrets/kubeflow/trainer", "trainjob-status"),
-)
-
 # Every list the settings hold is bounded (issue 47): each credential is a volume and a mount in the entry written
 # into every TrainJob, so 100 of them, each at most 63 + 253 characters of names and its path, keep the entry far
 # under the API server's object size; a document past it is refused naming the key, before any pod takes it.
 MAX_CREDENTIALS = 100
-# Overlapping mount paths named at most (a credential overlapping thousands of others is one mistake, not
-# thousands): the check stays linear in the credentials, not in their pairs.
-OVERLAPS_NAMED = 20
 
 # An example digest, for the example settings and `serve --dev` only.
 EXAMPLE_IMAGE = (
@@ -195,71 +179,6 @@ def _validator() -> jsonschema.protocols.Validator:
     return cls(schema())
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class _Pairs(dict[str, Any]):
-    """A decoded object that remembers keys it saw twice (json keeps the last one silently)."""
-
-    duplicates: tuple[str, ...] = ()
-
-
-def _object_pairs(pairs: list[tuple[str, object]]) -> _Pairs:
-    obj = _Pairs(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        duplicates = []
-        for k, _ in pairs:
-            if k in seen:
-                duplicates.append(k)
-            seen.add(k)
-        obj.duplicates = tuple(duplicates)
-    return obj
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-
-
-def _join(base: str, key: str | int) -> str:
-    """`base.key`, `base[3]`, or `base["odd key"]` for a key that would not read as one."""
-    if isinstance(key, int):
-        return f"{base}[{key}]"
-    if not _PLAIN_KEY.match(key):
-        return f"{base}[{json.dumps(key)[:80]}]"
-    return f"{base}.{key}" if base else key
-
-
-def _key_path(parts: Iterable[str | int]) -> str:
-    out = ""
-    for p in parts:
-        out = _join(out, p)
-    return out or "(document)"
-
-
-def _walk_strict(value: object, where: str, reasons: Reasons) -> None:
-    """Refuse what json and the Schema let through: duplicate keys and nulls, at any depth."""
-    if value is None:
-        reasons.add(ErrInvalid, where or "(document)",
-                    "null is not allowed: it would read as unset and take the default")
-    elif isinstance(value, dict):
-        for dup in getattr(value, "duplicates", ()):
-            reasons.add(ErrInvalid, _join(where, dup), "duplicate key")
-        for k, v in value.items():
-            _walk_strict(v, _join(where, k), reasons)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk_strict(v, _join(where, i), reasons)
-    elif isinstance(value, str) and _CONTROL.search(value):
-        # Also closes the gap where a pattern's `$` matches before a trailing newline.
-        reasons.add(ErrInvalid, where, "must not contain control characters (such as a newline)")
-    elif isinstance(value, float) and not math.isfinite(value):
-        reasons.add(ErrInvalid, where, "NaN and Infinity are not JSON")
-
-
 def _json_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -280,23 +199,23 @@ def _schema_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
     errors: list[Any] = sorted(_validator().iter_errors(doc),
                                key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     for err in errors:
-        where = _key_path(err.absolute_path)
-        base = _key_path(err.absolute_path) if err.absolute_path else ""
+        where = key_path(err.absolute_path)
+        base = key_path(err.absolute_path) if err.absolute_path else ""
         v = err.validator
         if err.instance is None and v != "required":
-            continue  # reported by _walk_strict with the reason nulls are refused
+            continue  # reported by strict_reasons with the reason nulls are refused
         if "dependentSchemas" in err.schema_path:  # initContainer named without via: initContainer
             reasons.add(ErrInvalid, "publish.initContainer", "is valid only with via: initContainer", RULE_SETTINGS)
         elif v == "additionalProperties":
             allowed = err.schema.get("properties", {})
             for key in err.instance:
                 if key not in allowed:
-                    reasons.add(ErrInvalid, _join(base, key) or "(document)",
+                    reasons.add(ErrInvalid, join_key(base, key) or "(document)",
                                 f"unknown key (known: {', '.join(allowed)})", RULE_SETTINGS)
         elif v == "required":
             present = err.instance if isinstance(err.instance, dict) else {}
             for missing in (k for k in err.validator_value if k not in present):
-                reasons.add(ErrInvalid, _join(base, missing), "required", RULE_SETTINGS)
+                reasons.add(ErrInvalid, join_key(base, missing), "required", RULE_SETTINGS)
         elif v == "type":
             reasons.add(ErrInvalid, where, f"must be {err.validator_value}, not {_json_type(err.instance)}",
                         RULE_SETTINGS)
@@ -327,90 +246,6 @@ def _pattern_text(path: Sequence[str | int], value: str) -> str:
     return f"{value!r} must be a DNS-1123 label (lower-case letters, digits and '-')"
 
 
-def _semantic_reasons(doc: dict[str, Any], reasons: Reasons) -> None:
-    """What the Schema cannot say: unique credential names, mount paths that overlap."""
-    creds = doc.get("credentials")
-    if not isinstance(creds, list):
-        return
-    # Only well-typed entries are compared; the Schema has already named the others.
-    creds = [c if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("mountPath"), str)
-             else {"name": None, "mountPath": None} for c in creds]
-    overlapping, more = overlapping_mounts([c["mountPath"] for c in creds])
-    seen_names: dict[str, int] = {}
-    for i, cred in enumerate(creds):
-        name, mount = cred["name"], cred["mountPath"]
-        if name is None:
-            continue
-        if name in seen_names:
-            reasons.add(ErrInvalid, f"credentials[{i}].name",
-                        f"{name!r} is already used by credentials[{seen_names[name]}]")
-        seen_names.setdefault(name, i)
-        if paths.overlaps(mount, paths.PUBLISH_DIR):
-            reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
-                        f"{mount!r} overlaps {paths.PUBLISH_DIR}, which is reserved for the publish mount")
-        for plugin_path, plugin in TRAINER_PLUGIN_PATHS:
-            if paths.overlaps(mount, plugin_path):
-                reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
-                            f"{mount!r} overlaps {plugin_path}, which Trainer's {plugin} plugin mounts after the"
-                            " runtimePatches merge: choose a path outside it")
-        for j in sorted(overlapping.get(i, ())):
-            reasons.add(ErrInvalid, f"credentials[{i}].mountPath",
-                        f"{mount!r} overlaps credentials[{j}].mountPath {creds[j]['mountPath']!r}")
-    if more:
-        reasons.add(ErrInvalid, "credentials",
-                    f"{more} more pairs of overlapping mountPaths (the first {OVERLAPS_NAMED} are named)")
-
-
-def overlapping_mounts(mounts: Sequence[str | None]) -> tuple[dict[int, list[int]], int]:
-    """For mount path i, the earlier ones j that overlap it (at, under or above it), at most OVERLAPS_NAMED pairs
-    in all, and how many pairs more (None: a path not to compare). Sorted by their components, a path's
-    descendants follow it, so a walk keeping the chain of ancestors finds every pair once: O(n log n) and the
-    pairs named, where comparing each pair took 15 s for 4,000 credentials."""
-    parts = sorted((_components(m), i) for i, m in enumerate(mounts) if m is not None)
-    found: dict[int, list[int]] = {}
-    named, more = 0, 0
-    chain: list[tuple[tuple[str, ...], list[int]]] = []  # ancestors of the current path (and itself), each group
-    ancestors = 0                                         # the indices held in `chain`
-    for comps, i in parts:
-        while chain and comps[:len(chain[-1][0])] != chain[-1][0]:
-            ancestors -= len(chain.pop()[1])
-        if not chain or chain[-1][0] != comps:
-            chain.append((comps, []))
-        room = min(ancestors, OVERLAPS_NAMED - named)
-        for j in islice((j for _, group in chain for j in group), room):  # never more than the room: linear
-            found.setdefault(max(i, j), []).append(min(i, j))
-        named, more = named + room, more + ancestors - room
-        chain[-1][1].append(i)
-        ancestors += 1
-    return found, more
-
-
-def _components(mount: str) -> tuple[str, ...]:
-    normal = paths.normalise(mount)
-    return () if normal == "/" else tuple(normal[1:].split("/"))
-
-
-def decode(text: str | bytes) -> object:
-    """Strict JSON: no duplicate keys, NaN, Infinity or trailing data. Raises Denied."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise Denied([doc_reason(f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
-    try:
-        doc = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as e:
-        what = "trailing data after the document" if e.msg == "Extra data" else e.msg
-        raise Denied([doc_reason(f"{what} at line {e.lineno} column {e.colno}")]) from None
-    except (ValueError, RecursionError) as e:
-        raise Denied([doc_reason(str(e) if isinstance(e, ValueError) else "nested too deeply")]) from None
-    return doc
-
-
-def doc_reason(text: str) -> Reason:
-    return Reason(ErrInvalid, "(document)", text)
-
-
 def parse(text: str | bytes) -> Settings:
     """Decode, validate and default one settings document. Raises Denied (ErrInvalid) naming key paths."""
     doc = decode(text)
@@ -420,9 +255,9 @@ def parse(text: str | bytes) -> Settings:
         reasons.raise_if_any()
     obj = cast(dict[str, Any], doc)  # a JSON object: anything else was refused above
     _refuse_over_bounds(obj)
-    _walk_strict(obj, "", reasons)
+    strict_reasons(obj, "", reasons)
     _schema_reasons(obj, reasons)
-    _semantic_reasons(obj, reasons)
+    credential_reasons(obj, reasons)
     reasons.raise_if_any()
     return _build(obj)
 

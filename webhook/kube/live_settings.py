@@ -20,7 +20,8 @@ from typing import Any
 
 from ..core import sources
 from ..core.errors import Denied
-from ..core.settings import Settings, doc_reason, parse
+from ..core.settings import Settings, parse
+from ..core.strict_json import doc_reason
 from ..process import metrics
 from ..process.blocking import WouldBlock, blocking_allowed
 from .cluster import Backoff
