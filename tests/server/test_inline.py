@@ -85,7 +85,8 @@ class API:
 @pytest.fixture
 def cluster(tmp_path):
     """A worker's view of the pod's store, both kinds listed, with the given clock and API."""
-    from webhook.kube.store import StoreReader, StoreWriter
+    from webhook.kube.store import StoreWriter
+    from webhook.kube.store_reader import StoreReader
 
     writer = StoreWriter(str(tmp_path))
     for kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
@@ -147,7 +148,8 @@ def test_a_runtime_found_by_a_live_read_is_kept_until_the_watch_brings_it(cluste
 def test_no_runtime_is_answered_before_the_first_list(tmp_path):
     """A worker whose pod's keeper has not listed a kind yet answers ErrUnavailable (SPEC 7), not 'not found'."""
     from webhook.core.runtimes import RuntimeUnavailable
-    from webhook.kube.store import StoreReader, StoreWriter
+    from webhook.kube.store import StoreWriter
+    from webhook.kube.store_reader import StoreReader
 
     writer = StoreWriter(str(tmp_path))
     runtimes = ClusterRuntimes(StoreReader(str(tmp_path), env=writer.env), API())

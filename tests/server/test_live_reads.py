@@ -13,7 +13,8 @@ from tests.helpers import runtime
 from webhook.core.runtimes import Runtime, RuntimeUnavailable
 from webhook.kube import live_reads
 from webhook.kube.cluster import ClusterRuntimes
-from webhook.kube.store import StoreReader, StoreWriter
+from webhook.kube.store import StoreWriter
+from webhook.kube.store_reader import StoreReader
 from webhook.process.blocking import NoBlocking
 
 KIND = "ClusterTrainingRuntime"

@@ -17,7 +17,8 @@ import pytest
 from tests.helpers import ROOT, admission, answer, review, runtime, sentinels, trainjob
 from webhook.core.runtimes import MAX_PATH, MAX_STORED_BYTES, NAMESPACED_KIND, Runtime
 from webhook.kube.cluster import ClusterRuntimes
-from webhook.kube.store import StoreReader, StoreWriter
+from webhook.kube.store import StoreWriter
+from webhook.kube.store_reader import StoreReader
 
 KIND = "ClusterTrainingRuntime"
 LIMIT_MIB = 64
@@ -33,7 +34,8 @@ RELIST = textwrap.dedent("""
     import json, sys, tempfile
     from tests.helpers import runtime
     from webhook.core.runtimes import Runtime
-    from webhook.kube.store import StoreReader, StoreWriter
+    from webhook.kube.store import StoreWriter
+    from webhook.kube.store_reader import StoreReader
 
     def rss_anon():
         with open("/proc/self/status") as f:

@@ -188,7 +188,7 @@ def _runtime_source(config: ServeConfig, current: Callable[[], Settings], store_
         return index
     from ..kube.cluster import ClusterRuntimes
     from ..kube.live_reads import LiveReads
-    from ..kube.store import StoreReader
+    from ..kube.store_reader import StoreReader
 
     assert store_directory is not None  # serve prepares the store where no runtime files are given
     store = StoreReader(store_directory)

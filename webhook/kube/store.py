@@ -4,7 +4,7 @@ One process per pod writes it: the runtime keeper (`webhook.kube.keeper`, `dispa
 container of its own in the cluster (a native sidecar sharing the store's volume) or a process `serve`
 starts locally. Every gunicorn worker of the serving container maps the same file read-only. The cache is
 held once per pod, and a worker reads a runtime in a few microseconds without a call to another process
-(LMDB readers take no lock and copy nothing but the value).
+(LMDB readers take no lock and copy nothing but the value; webhook.kube.store_reader).
 
 The store outlives the keeper: a keeper that restarts (an OOM kill, a node's pressure) leaves the last
 synced store to the workers, which go on answering from it and say how old it is; the new keeper lists
@@ -21,11 +21,11 @@ kind was last confirmed, how often the keeper started, its requests and errors),
 exports.
 
 Two bounds keep one tenant from filling it for the others: a namespace's TrainingRuntimes are held in full up to
-its share (`namespace_share` bytes, `keep --namespace-share`); past it a runtime is held as its name and the
-reason (R5 refuses a TrainJob naming it, giving the namespace's size and the share). A store that is full keeps
-what it holds: a list that does not fit is switched to as far as it was written (what it lacks is confirmed by a
-live read, as any miss), and a watch event that does not fit removes the runtime's older version; both are
-logged and counted (`not_held`), never the whole list discarded.
+its share (`namespace_share` bytes, `keep --namespace-share`; webhook.kube.store_shares counts them); past it a
+runtime is held as its name and the reason (R5 refuses a TrainJob naming it, giving the namespace's size and the
+share). A store that is full keeps what it holds: a list that does not fit is switched to as far as it was
+written (what it lacks is confirmed by a live read, as any miss), and a watch event that does not fit removes the
+runtime's older version; both are logged and counted (`not_held`), never the whole list discarded.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 import lmdb
 import orjson
 
-from ..core.runtimes import KINDS, MAX_STORED_BYTES, NAMESPACE_SHARE, NAMESPACED_KIND, Key, Runtime, key, key_of
+from ..core.runtimes import KINDS, MAX_STORED_BYTES, NAMESPACE_SHARE, Key, Runtime, key_of
+from .store_shares import Share, Written, over_share
 
 log = logging.getLogger(__name__)
 
@@ -53,59 +53,21 @@ STATE = b"\0state"
 GENERATION = b"\0generation\x1f"  # + kind: the generation of that kind the readers read
 FORMAT = b"\0format"
 FORMAT_VERSION = b"2"  # 2: keys carry a generation (a store of another format is emptied and listed again)
-DECODED_BYTES = 4 << 20  # what a worker keeps decoded (the runtimes it reviews most), counted in stored bytes
 BATCH_BYTES = 4 << 20  # what one write transaction of a list holds at most: the keeper's heap for a relist
 DROP_BATCH = 1000  # keys of an old generation deleted per transaction
-SHARE_WORDS = "would pass the namespace's share of"  # in the reason of a runtime held as over its namespace's share
-assert MAX_STORED_BYTES < DECODED_BYTES and MAX_STORED_BYTES < BATCH_BYTES
+assert MAX_STORED_BYTES < BATCH_BYTES
 
 
-def _stored_key(k: Key, generation: bytes) -> bytes:
+def stored_key(k: Key, generation: bytes) -> bytes:
     return b"\x1f".join((k[0].encode(), generation, k[1].encode(), k[2].encode()))
 
 
-def _prefix(kind: str) -> bytes:
+def kind_prefix(kind: str) -> bytes:
     return kind.encode() + b"\x1f"
 
 
 class StoreFull(Exception):
     """The store reached MAP_SIZE and not even a runtime's older version could be removed to say so."""
-
-
-class _Share:
-    """A namespace's TrainingRuntimes held in full up to `limit` stored bytes; past it, a runtime is held as its
-    name and the reason. `held` is what each namespace's runtimes take (their keys and values)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held: dict[str, int] = {}
-
-    def value(self, runtime: Runtime, stored_key: bytes, replaced: int = 0) -> bytes:
-        """What to store for `runtime`, replacing `replaced` bytes of its namespace's; counted in `held`."""
-        value = runtime.to_bytes()
-        size = len(stored_key) + len(value)
-        if runtime.kind == NAMESPACED_KIND:
-            ns = runtime.namespace
-            others = self.held.get(ns, 0) - replaced
-            if others + size > self.limit:
-                value = Runtime(runtime.kind, ns, runtime.name, runtime.version, oversize=(
-                    f"its namespace {ns} holds {others:,} bytes of TrainingRuntimes, and this one's {size:,}"
-                    f" {SHARE_WORDS} {self.limit:,} bytes")).to_bytes()
-            self.held[ns] = others + len(stored_key) + len(value)
-        return value
-
-    def release(self, kind: str, namespace: str, size: int) -> None:
-        if kind == NAMESPACED_KIND:
-            left = self.held.get(namespace, 0) - size
-            if left > 0:
-                self.held[namespace] = left
-            else:
-                self.held.pop(namespace, None)
-
-
-def over_share(value: bytes) -> bool:
-    """Whether a stored runtime is held as over its namespace's share (then it is small: its name and the reason)."""
-    return len(value) < 2048 and SHARE_WORDS in Runtime.from_bytes(value).oversize
 
 
 class StoreWriter:
@@ -119,7 +81,7 @@ class StoreWriter:
         self.batch_bytes = batch_bytes
         self._lock = threading.Lock()  # one write transaction at a time from this process's threads
         self._counts: dict[str, int] = {}
-        self._shares = {kind: _Share(namespace_share) for kind in KINDS}
+        self._shares = {kind: Share(namespace_share) for kind in KINDS}
         # Runtimes not held whole, per (kind, why): "store-full" (not at all) or "namespace-share" (as the reason
         # only), counted at each list and as watch events add to them; the keeper exports them.
         self.not_held = {(kind, why): 0 for kind in KINDS for why in ("store-full", "namespace-share")}  # fixed keys
@@ -147,7 +109,7 @@ class StoreWriter:
         held = dict(share.held)
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                k = _stored_key(runtime.key, self._generations[kind])
+                k = stored_key(runtime.key, self._generations[kind])
                 old = txn.get(k)
                 value = share.value(runtime, k, 0 if old is None else len(k) + len(old))
                 txn.put(k, value)
@@ -183,7 +145,7 @@ class StoreWriter:
     def _delete(self, k: Key) -> None:
         try:
             with self._lock, self.env.begin(write=True) as txn:
-                sk = _stored_key(k, self._generations[k[0]])
+                sk = stored_key(k, self._generations[k[0]])
                 old = txn.get(sk)
                 if old is not None:
                     txn.delete(sk)
@@ -201,11 +163,11 @@ class StoreWriter:
         old = self._generations[kind]
         self._drop_generations(kind, keep=old)  # a keeper that died midway left its list's start
         new = b"%d" % (int(old) + 1)
-        share, written = _Share(self._shares[kind].limit), _Written(kind, new)
+        share, written = Share(self._shares[kind].limit), Written(kind, new)
         batch: list[tuple[bytes, bytes]] = []
         size = 0
         for runtime in (Runtime.of(o, kind) for o in objs):
-            k = _stored_key(runtime.key, new)
+            k = stored_key(runtime.key, new)
             batch.append((k, share.value(runtime, k)))
             size += len(k) + len(batch[-1][1])
             if size >= self.batch_bytes:
@@ -217,7 +179,7 @@ class StoreWriter:
         self._listed(written, share)
         return written.held
 
-    def _write_batch(self, written: _Written, batch: list[tuple[bytes, bytes]]) -> None:
+    def _write_batch(self, written: Written, batch: list[tuple[bytes, bytes]]) -> None:
         """One transaction of a list; when the store is full, the list is switched to as written so far (the
         old one dropped, which makes room) and the batch written again one runtime at a time."""
         try:
@@ -238,7 +200,7 @@ class StoreWriter:
             except lmdb.MapFullError:
                 written.not_held += 1
 
-    def _switch(self, written: _Written) -> None:
+    def _switch(self, written: Written) -> None:
         """The readers read the new generation from this transaction on; then the old one is dropped."""
         kind = written.kind
         try:
@@ -253,7 +215,7 @@ class StoreWriter:
         written.switched = True
         self._drop_generations(kind, keep=written.generation)
 
-    def _listed(self, written: _Written, share: _Share) -> None:
+    def _listed(self, written: Written, share: Share) -> None:
         kind = written.kind
         self._counts[kind] = written.held
         share.held = {ns: n for ns, n in written.namespaces.items() if n}
@@ -272,7 +234,7 @@ class StoreWriter:
 
     def _drop_generations(self, kind: str, keep: bytes | None) -> None:
         """Delete every key of `kind` outside generation `keep`, DROP_BATCH a transaction."""
-        prefix = _prefix(kind)
+        prefix = kind_prefix(kind)
         kept = None if keep is None else prefix + keep + b"\x1f"
         while True:
             with self._lock, self.env.begin(write=True) as txn:
@@ -315,122 +277,6 @@ class StoreWriter:
     def reader_check(self) -> int:
         """Free the reader slots of workers that died in a read (LMDB keeps them until asked)."""
         return self.env.reader_check()
-
-
-class _Written:
-    """What a list has written so far into its generation."""
-
-    def __init__(self, kind: str, generation: bytes):
-        self.kind, self.generation = kind, generation
-        self.switched = False
-        self.held = self.not_held = self.over_share = 0
-        self.namespaces: dict[str, int] = {}
-        self.over_namespaces: dict[str, int] = {}
-
-    def took(self, batch: list[tuple[bytes, bytes]]) -> None:
-        for k, v in batch:
-            namespace = k.split(b"\x1f", 3)[2].decode()
-            self.held += 1
-            self.namespaces[namespace] = self.namespaces.get(namespace, 0) + len(k) + len(v)
-            if over_share(v):
-                self.over_share += 1
-                self.over_namespaces[namespace] = self.over_namespaces.get(namespace, 0) + 1
-
-
-class StoreReader:
-    """A worker's side: read-only, opened after fork (an LMDB environment must not cross a fork). The store may
-    not exist yet (the keeper's container starting): it is opened at the first read that finds it."""
-
-    def __init__(self, directory: str, decoded_bytes: int = DECODED_BYTES, env: lmdb.Environment | None = None):
-        """`env`: the writer's own, where one process holds both (tests; LMDB opens a directory once per process)."""
-        self.directory = directory
-        self._env = env
-        self._decoded: OrderedDict[bytes, tuple[bytes, Runtime]] = OrderedDict()
-        self._decoded_bytes, self._limit = 0, decoded_bytes
-        self._lock = threading.Lock()
-
-    @property
-    def env(self) -> lmdb.Environment | None:
-        if self._env is None and os.path.exists(os.path.join(self.directory, "data.mdb")):
-            with self._lock:
-                if self._env is None:
-                    self._env = lmdb.open(self.directory, map_size=MAP_SIZE, subdir=True, readonly=True, lock=True,
-                                          max_readers=512)
-        return self._env
-
-    def _get(self, k: bytes) -> bytes | None:
-        env = self.env
-        if env is None:
-            return None
-        with env.begin() as txn:
-            return txn.get(k)
-
-    def synced(self, kind: str) -> bool:
-        return self._get(SYNCED + kind.encode()) is not None
-
-    def state(self) -> dict:
-        """The keeper's state (STATE), or {} before the keeper wrote one."""
-        raw = self._get(STATE)
-        return orjson.loads(raw) if raw else {}
-
-    def get(self, kind: str, namespace: str, name: str) -> Runtime | None:
-        k = key(kind, namespace, name)
-        env = self.env
-        if env is None:
-            return None
-        with env.begin() as txn:  # the generation and the runtime in one snapshot: a list whole, old or new
-            generation = txn.get(GENERATION + kind.encode())
-            raw = None if generation is None else txn.get(_stored_key(k, generation))
-        if raw is None:
-            return None
-        return self._decode(_stored_key(k, b""), raw)
-
-    def _decode(self, k: bytes, raw: bytes) -> Runtime:
-        """The same Runtime object while its stored bytes do not change: what the rules decided of it is
-        kept with it (Runtime.memo), as in a worker's own cache."""
-        with self._lock:
-            hit = self._decoded.get(k)
-            if hit is not None and hit[0] == raw:
-                self._decoded.move_to_end(k)
-                return hit[1]
-        runtime = Runtime.from_bytes(raw)
-        with self._lock:
-            old = self._decoded.pop(k, None)
-            if old is not None:
-                self._decoded_bytes -= len(old[0])
-            self._decoded[k] = (raw, runtime)
-            self._decoded_bytes += len(raw)
-            while self._decoded_bytes > self._limit:
-                _, (gone, _) = self._decoded.popitem(last=False)
-                self._decoded_bytes -= len(gone)
-        return runtime
-
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        """(`kind \\x1f namespace \\x1f name`, stored bytes) of every runtime read, from one snapshot."""
-        env = self.env
-        if env is None:
-            return
-        with env.begin() as txn:
-            for kind in KINDS:
-                generation = txn.get(GENERATION + kind.encode())
-                if generation is None:
-                    continue
-                prefix = _prefix(kind) + generation + b"\x1f"
-                cursor = txn.cursor()
-                found = cursor.set_range(prefix)
-                while found:
-                    k, v = cursor.item()
-                    if not k.startswith(prefix):
-                        break
-                    yield _prefix(kind) + k[len(prefix):], v
-                    found = cursor.next()
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self.items())
-
-    def __iter__(self) -> Iterator[Runtime]:
-        for _, v in self.items():
-            yield Runtime.from_bytes(v)
 
 
 def prepare(directory: str | None, fresh: bool = True) -> str:
