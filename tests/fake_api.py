@@ -1,6 +1,6 @@
 """Fake API servers: `FakeAPI` for `serve --metrics-auth` (webhook.kube.metrics_auth), TokenReview and
 SubjectAccessReview only, in plain HTTP on loopback, for the real kubernetes client; `Script`, recorded list
-answers and watch streams for a `webhook.kube.cluster.Reflector`."""
+answers and watch streams for a `webhook.kube.reflector.Reflector`."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry
 from tests.fake_api import Script, StopReflector
 from tests.helpers import ROUTE1, ROUTE2, runtime, settings
 from webhook.core.registry import runtime_facts
-from webhook.kube.cluster import ClusterRuntimes, Reflector
+from webhook.kube.cluster import ClusterRuntimes
+from webhook.kube.reflector import Reflector
 from webhook.kube.store import StoreWriter
 from webhook.kube.store_reader import StoreReader
 from webhook.process import metrics

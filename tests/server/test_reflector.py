@@ -2,7 +2,7 @@
 
 from tests.fake_api import Script, StopReflector
 from webhook.core.runtimes import RuntimeIndex
-from webhook.kube.cluster import Backoff, Gone, Reflector
+from webhook.kube.reflector import Backoff, Gone, Reflector
 
 KIND = "ClusterTrainingRuntime"
 

@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import runtime
 from webhook.core.runtimes import MAX_STORED_BYTES, Runtime
-from webhook.kube.cluster import Page, ReadStats
+from webhook.kube.reflector import ReadStats
+from webhook.kube.runtime_api import Page
 from webhook.kube.store import StoreWriter
 from webhook.kube.store_reader import StoreReader
 from webhook.process import metrics

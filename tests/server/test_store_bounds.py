@@ -227,8 +227,8 @@ def test_the_share_holds_for_watch_events_and_room_made_is_used(tmp_path):
 
 
 def test_the_keepers_state_says_what_is_not_held(tmp_path):
-    from webhook.kube.cluster import ReadStats
     from webhook.kube.keeper import state_of
+    from webhook.kube.reflector import ReadStats
 
     writer = StoreWriter(str(tmp_path), namespace_share=100_000)
     writer.replace(NAMESPACED_KIND, [namespaced(f"big-{i}", "team-a", 1000) for i in range(3)])

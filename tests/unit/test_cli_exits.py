@@ -187,12 +187,12 @@ def test_audit_exit_zero_turns_findings_into_0(monkeypatch, tmp_path):
 
 def _no_cluster(monkeypatch):
     """Any attempt at a cluster fails the test: these refusals come before any call."""
-    import webhook.kube.cluster as cluster
+    import webhook.kube.client as client
 
     def contacted(*a, **kw):
         raise AssertionError("the cluster was contacted")
 
-    monkeypatch.setattr(cluster, "api_client", contacted)
+    monkeypatch.setattr(client, "api_client", contacted)
 
 
 def test_audit_exits_2_before_any_call(monkeypatch, capsys, tmp_path):

@@ -18,7 +18,7 @@ from webhook.core.errors import ErrInvalid, ErrNotFound, ErrUnavailable, ErrUnsu
 from webhook.core.settings import Settings
 from webhook.inspection import reports
 from webhook.inspection.audit import Finding, Verdict
-from webhook.kube import cluster
+from webhook.kube import client as kube_client
 from webhook.kube.audit_reads import ClusterUnreadable
 from webhook.kube.reports_writer import OpenReports
 
@@ -290,7 +290,7 @@ def test_the_audit_holds_what_the_report_needs_not_every_raw_runtime(monkeypatch
             return type("Response", (), {"data": json.dumps({"items": []})})()
 
     api = API()
-    monkeypatch.setattr(cluster, "api_client", lambda *a, **kw: None)
+    monkeypatch.setattr(kube_client, "api_client", lambda *a, **kw: None)
     monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda connection=None: api)
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda connection=None: Core())
     out, err = io.StringIO(), io.StringIO()
@@ -313,7 +313,7 @@ def test_an_unwritten_report_fails_the_audit_after_the_rest_are_written(monkeypa
             return {"items": []}
 
     api = API(refuse={"a": ApiException(status=413, reason="Request Entity Too Large")})
-    monkeypatch.setattr(cluster, "api_client", lambda *a, **kw: None)
+    monkeypatch.setattr(kube_client, "api_client", lambda *a, **kw: None)
     monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda connection=None: api)
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda connection=None: None)
     err = io.StringIO()

@@ -195,7 +195,7 @@ def cmd_certificates(args) -> int:
     import os
 
     from .. import certs
-    from ..kube.cluster import api_client
+    from ..kube.client import api_client
     from ..process.stopping import stopped_by_signals
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

@@ -84,7 +84,7 @@ class ServeConfig:
         from ..kube.live_settings import ConfigMapSettings, FileSettings
 
         if self.settings_configmap:
-            from ..kube.cluster import api_client
+            from ..kube.client import api_client
 
             return ConfigMapSettings(api_client(self.kubeconfig), *self.settings_configmap,
                                      repositories=self.publish_repositories)
@@ -119,7 +119,7 @@ def _start_settings(args: argparse.Namespace, configmap: tuple[str, str] | None)
     if args.settings and configmap:
         raise Denied([_reason("give --settings FILE or --settings-configmap NS/NAME, not both")])
     if configmap:
-        from ..kube.cluster import api_client
+        from ..kube.client import api_client
         from ..kube.live_settings import ConfigMapSettings
 
         try:
@@ -201,7 +201,7 @@ def _runtime_source(config: ServeConfig, current: Callable[[], Settings], store_
 def _self_managed_certificates(config: ServeConfig, tls: SecretTLS) -> None:
     """Settle the pair in the Secret, serve it from cert_dir, put the CA in the webhook configurations,
     and keep doing so (certs.SelfManaged: a change of CA passes through a caBundle trusting both)."""
-    from ..kube.cluster import api_client
+    from ..kube.client import api_client
 
     names = certs.service_names(tls.service, tls.namespace)
     keeper = certs.SelfManaged(api_client(config.kubeconfig), tls.namespace, tls.secret, names, config.cert_dir,
@@ -271,7 +271,7 @@ def _metrics_listener(config: ServeConfig) -> tuple[Callable[[Any], Any], Callab
 
     if not config.metrics_auth:
         return metrics_app, None
-    from ..kube.cluster import api_client
+    from ..kube.client import api_client
     from ..kube.metrics_auth import MetricsAuth
 
     options = {k: v for k, v in config.tls_options.items() if k != "client_subjects"}  # no client certificate asked

@@ -32,7 +32,7 @@ class AuditReads:
     def __init__(self, kubeconfig: str | None):
         from kubernetes import client
 
-        from .cluster import api_client
+        from .client import api_client
 
         try:
             self.connection = api_client(kubeconfig, prefer_kubeconfig=True)

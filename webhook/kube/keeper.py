@@ -22,7 +22,9 @@ import time
 from ..core.runtimes import KINDS
 from ..process.stopping import stopped_by_signals
 from . import live_reads
-from .cluster import ReadStats, Reflector, RuntimeAPI, api_client
+from .client import api_client
+from .reflector import ReadStats, Reflector
+from .runtime_api import RuntimeAPI
 from .store import NAMESPACE_SHARE, StoreFull, StoreWriter, prepare
 
 log = logging.getLogger(__name__)

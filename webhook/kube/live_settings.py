@@ -24,7 +24,7 @@ from ..core.settings import Settings, parse
 from ..core.strict_json import doc_reason
 from ..process import metrics
 from ..process.blocking import WouldBlock, blocking_allowed
-from .cluster import Backoff
+from .reflector import Backoff
 
 log = logging.getLogger(__name__)
 

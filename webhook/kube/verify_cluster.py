@@ -52,7 +52,7 @@ class Cluster:
     def __init__(self, kubeconfig: str | None):
         from kubernetes import client
 
-        from .cluster import api_client
+        from .client import api_client
 
         try:
             self.client = api_client(kubeconfig, prefer_kubeconfig=True)
@@ -82,7 +82,7 @@ class Cluster:
     def runtime(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
-        from .cluster import read_runtime
+        from .runtime_api import read_runtime
 
         try:
             return read_runtime(self.custom, kind, namespace, name, TIMEOUT)
