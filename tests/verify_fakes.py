@@ -10,7 +10,7 @@ from tests.helpers import IMAGE, ROUTE1, ROUTE2
 from webhook.commands import verify as adapter
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
-from webhook.inspection import verify as v
+from webhook.inspection import verify_probe as vp
 
 S1 = parse(json.dumps(ROUTE1))
 S2 = parse(json.dumps(ROUTE2))
@@ -104,7 +104,7 @@ class FakeCluster:
         return job
 
     def probes(self, namespace):
-        return [j for j in self.jobs.values() if v.PROBE_LABEL in j["metadata"].get("labels", {})], self.date
+        return [j for j in self.jobs.values() if vp.PROBE_LABEL in j["metadata"].get("labels", {})], self.date
 
     def secret_exists(self, namespace, name):
         if self.secrets is None:

@@ -30,7 +30,7 @@ from tests.e2e.node_env import NS, kube, node_pod
 from tests.e2e.webhooks import ROUTE_LABEL, Webhook, webhooks_swapped
 from tests.helpers import MANAGER, ROOT
 from tests.process import eventually, webhook_server
-from webhook.inspection.verify import PROBE_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, probe_trainjob
+from webhook.inspection.verify_probe import PROBE_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, probe_trainjob
 
 TOO_BIG = "torch-too-big"
 NEEDS_CONFIG = "torch-needs-config"  # mounts a ConfigMap that no namespace has

@@ -30,7 +30,9 @@ from webhook.commands import verify as adapter
 from webhook.core.patch import Entry
 from webhook.core.settings import parse
 from webhook.inspection import verify as v
+from webhook.inspection import verify_probe as vp
 from webhook.inspection import verify_report as r
+from webhook.inspection import verify_template as vt
 
 # ---- the stage ----
 
@@ -152,15 +154,15 @@ def test_the_newest_live_pod_is_the_probe_pod():
 # ---- the probe ----
 
 def test_the_probe_runs_the_binary_on_one_node_labelled_and_never_adds_the_publish_entry():
-    job = v.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "torch", "run1", labels={"q": "a"},
+    job = vp.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "torch", "run1", labels={"q": "a"},
                            jobs=["node"])
     assert job["spec"]["trainer"] == {"numNodes": 1, "command": ["/opt/dispatch/publish", "--help"]}
-    ours = {v.PROBE_LABEL: "probe", v.RUN_LABEL: "run1"}
+    ours = {vp.PROBE_LABEL: "probe", vp.RUN_LABEL: "run1"}
     assert job["metadata"]["labels"] == {"q": "a", **ours}
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                          "name": "torch"}
     [entry] = job["spec"]["runtimePatches"]
-    assert entry["manager"] == v.VERIFY_MANAGER != MANAGER, "verify never adds the webhook's entry itself"
+    assert entry["manager"] == vp.VERIFY_MANAGER != MANAGER, "verify never adds the webhook's entry itself"
     template = entry["trainingRuntimeSpec"]["template"]
     assert template["metadata"] == {"labels": ours}, "Trainer copies these to the JobSet"
     assert template["spec"]["replicatedJobs"] == [{"name": "node", "template": {"spec": {"template": {
@@ -169,10 +171,10 @@ def test_the_probe_runs_the_binary_on_one_node_labelled_and_never_adds_the_publi
 
 def test_per_node_pins_every_job_in_the_entry_of_its_own_manager():
     node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "host-1"}}}
-    job = v.probe_trainjob("verify-1", "ns", "TrainingRuntime", "t", "r", image="img", node=node,
+    job = vp.probe_trainjob("verify-1", "ns", "TrainingRuntime", "t", "r", image="img", node=node,
                            jobs=["launcher", "node"])
     [entry] = job["spec"]["runtimePatches"]
-    assert entry["manager"] == v.VERIFY_MANAGER
+    assert entry["manager"] == vp.VERIFY_MANAGER
     jobs = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert [j["name"] for j in jobs] == ["launcher", "node"]
     assert all(j["template"]["spec"]["template"]["spec"] == {"nodeSelector": {"kubernetes.io/hostname": "host-1"}}
@@ -185,35 +187,35 @@ def test_schedulable_nodes_are_ready_uncordoned_and_their_taints_tolerated():
     nodes = [cluster_node("b"), cluster_node("a"), cluster_node("down", ready="False"),
              cluster_node("cordoned", unschedulable=True), cluster_node("gpu", taints=[gpu]),
              cluster_node("soft", taints=[{"key": "x", "effect": "PreferNoSchedule"}])]
-    assert [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, [])] == ["a", "b", "soft"]
+    assert [n["metadata"]["name"] for n in vp.schedulable_nodes(nodes, [])] == ["a", "b", "soft"]
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert "gpu" in [n["metadata"]["name"] for n in v.schedulable_nodes(nodes, tol)]
+    assert "gpu" in [n["metadata"]["name"] for n in vp.schedulable_nodes(nodes, tol)]
 
 
 # ---- the pod template against the settings ----
 
 def test_template_checks_pass_on_what_the_settings_produce():
-    checks = v.template_checks(pod(), ENTRY1, S1, Entry.build(S1, ["node"]))
+    checks = vt.template_checks(pod(), ENTRY1, S1, Entry.build(S1, ["node"]))
     assert [(c.what, c.ok) for c in checks] == [("entry", True), ("node container mount", True),
                                                ("image volume", True)]
 
 
 def test_template_checks_name_a_read_write_mount_and_another_digest():
     other = IMAGE[:-1] + "0"
-    checks = {c.what: c for c in v.template_checks(pod(read_only=False, volume_image=other), ENTRY1, S1)}
+    checks = {c.what: c for c in vt.template_checks(pod(read_only=False, volume_image=other), ENTRY1, S1)}
     assert not checks["node container mount"].ok and checks["node container mount"].found == "/opt/dispatch read-write"
     assert not checks["image volume"].ok and checks["image volume"].found == other
     assert checks["image volume"].expected == IMAGE
 
 
 def test_template_checks_without_settings_read_the_entry_and_route2_the_init_container():
-    assert all(c.ok for c in v.template_checks(pod(), ENTRY1, None))
-    checks = v.template_checks(pod(route2=True), ENTRY2, None)
+    assert all(c.ok for c in vt.template_checks(pod(), ENTRY1, None))
+    checks = vt.template_checks(pod(route2=True), ENTRY2, None)
     assert [c.what for c in checks] == ["node container mount", "publish volume",
                                         "init container dispatch-publish mount"]
     assert all(c.ok for c in checks)
     stale = Entry.build(parse(json.dumps({"publish": {"image": IMAGE[:-1] + "1"}})), ["node"])
-    assert not v.template_checks(pod(), ENTRY1, S1, stale)[0].ok
+    assert not vt.template_checks(pod(), ENTRY1, S1, stale)[0].ok
 
 
 # ---- the report ----
@@ -222,7 +224,7 @@ def _probes():
     ok = r.Probe("verify-a", "ns", "ClusterTrainingRuntime/torch",
                  status=v.Status(v.Stage.RAN, done=True, exit_code=0, node="node-a", container="node"),
                  output="publish ran from /opt/dispatch/publish\npublish args: --help",
-                 checks=v.template_checks(pod(), ENTRY1, S1))
+                 checks=vt.template_checks(pod(), ENTRY1, S1))
     bad = r.Probe("verify-b", "ns", "ClusterTrainingRuntime/torch",
                   status=v.classify(stored(None), [], [], MANAGER))
     return ok, bad

@@ -16,8 +16,8 @@ from webhook.commands import cli
 from webhook.commands import verify as adapter
 from webhook.commands import verify_cleanup as cleanup_cmd
 from webhook.core.settings import parse
-from webhook.inspection import verify as v
 from webhook.inspection import verify_cleanup as c
+from webhook.inspection import verify_probe as vp
 
 NOW = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 DATE = "Wed, 02 Dec 2026 10:00:00 GMT"  # NOW as the API server's Date header says it
@@ -26,10 +26,10 @@ DATE = "Wed, 02 Dec 2026 10:00:00 GMT"  # NOW as the API server's Date header sa
 def probe(name="verify-aaaaaa", created="2026-12-02T09:00:00Z", ttl="1800", labels=None, entry=True, uid=None,
           namespace="ns") -> dict:
     """A probe TrainJob as the API server stores it (the fields verify and the cleanup read)."""
-    doc = v.probe_trainjob(name, namespace, "ClusterTrainingRuntime", "torch", "run1", jobs=["node"])
+    doc = vp.probe_trainjob(name, namespace, "ClusterTrainingRuntime", "torch", "run1", jobs=["node"])
     doc["metadata"].update(uid=uid or f"uid-{name}", creationTimestamp=created)
     if ttl is not None:
-        doc["metadata"]["annotations"] = {v.TTL_ANNOTATION: ttl}
+        doc["metadata"]["annotations"] = {vp.TTL_ANNOTATION: ttl}
     if labels is not None:
         doc["metadata"]["labels"] = labels
     if not entry:
@@ -43,8 +43,8 @@ def test_a_probe_carries_its_ttl_past_the_run_and_an_hour_more_when_kept():
     assert c.probe_ttl(300, 90, keep=False) == 300 + 90 + c.TTL_MARGIN
     assert c.probe_ttl(300, 90, keep=True) == 300 + 90 + c.TTL_MARGIN + c.KEPT_TTL
     assert c.probe_ttl(0.5, 90, keep=False) == 391, "whole seconds, rounded up"
-    doc = v.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "t", "r", ttl=690)
-    assert doc["metadata"]["annotations"] == {v.TTL_ANNOTATION: "690"}
+    doc = vp.probe_trainjob("verify-1", "ns", "ClusterTrainingRuntime", "t", "r", ttl=690)
+    assert doc["metadata"]["annotations"] == {vp.TTL_ANNOTATION: "690"}
 
 
 def test_expiry_is_creation_plus_ttl_on_the_servers_clock():

@@ -153,7 +153,7 @@ def cmd_verify(args) -> int:
     try:
         opts = verify.Options(
             runtime=args.runtime, namespace=args.namespace, kubeconfig=args.kubeconfig, settings=s,
-            per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.core.DEFAULT_COMMAND),
+            per_node=args.per_node, image=args.image, command=args.probe_command or list(verify.DEFAULT_COMMAND),
             labels=verify.parse_labels(args.label or []), timeout=args.timeout, keep=args.keep, output=args.output,
             max_probes=args.max_probes)
         verify.check_arguments(opts)

@@ -37,6 +37,15 @@ from ..inspection import verify as core
 from ..inspection import verify_causes as causes
 from ..inspection import verify_cleanup as leftovers
 from ..inspection import verify_report as report
+from ..inspection.verify_probe import (
+    DEFAULT_COMMAND,
+    RUN_LABEL,
+    probe_trainjob,
+    runtime_jobs,
+    runtime_tolerations,
+    schedulable_nodes,
+)
+from ..inspection.verify_template import expected_entry, template_checks
 from ..kube.verify_cluster import Cluster, Unusable, answered, fault
 from .verify_cleanup import sweep_before_run
 
@@ -64,7 +73,7 @@ class Options:
     settings: Settings | None = None
     per_node: bool = False
     image: str | None = None
-    command: list[str] = field(default_factory=lambda: list(core.DEFAULT_COMMAND))
+    command: list[str] = field(default_factory=lambda: list(DEFAULT_COMMAND))
     labels: dict[str, str] = field(default_factory=dict)
     timeout: float = 300.0
     keep: bool = False
@@ -137,10 +146,10 @@ class Verify:
             where = f" in namespace {namespace}" if kind == NAMESPACED_KIND else ""
             raise Unusable(f"{kind} {name} not found{where}")
         if self.opts.settings is not None:
-            self.expected = core.expected_entry(self.opts.settings, runtime_facts(runtime, self.opts.settings))
+            self.expected = expected_entry(self.opts.settings, runtime_facts(runtime, self.opts.settings))
         nodes: Sequence[dict | None] = [None]
         if self.opts.per_node:
-            nodes = core.schedulable_nodes(self.cluster.nodes(), core.runtime_tolerations(runtime))
+            nodes = schedulable_nodes(self.cluster.nodes(), runtime_tolerations(runtime))
             if not nodes:
                 raise Unusable("--per-node: no schedulable node (Ready, not cordoned, taints tolerated by the runtime)")
         refusal = leftovers.over_cap(len(nodes), self.opts.max_probes, leftovers.runtime_asks(runtime))
@@ -182,8 +191,8 @@ class Verify:
     def _probe_doc(self, name: str, kind: str, runtime_name: str, namespace: str, runtime: dict,
                    node: dict | None) -> dict:
         ttl = leftovers.probe_ttl(self.opts.timeout, GONE_SECONDS, self.opts.keep)
-        return core.probe_trainjob(name, namespace, kind, runtime_name, self.run_id, self.opts.command,
-                                   self.opts.image, self.opts.labels, node, core.runtime_jobs(runtime), ttl=ttl)
+        return probe_trainjob(name, namespace, kind, runtime_name, self.run_id, self.opts.command,
+                              self.opts.image, self.opts.labels, node, runtime_jobs(runtime), ttl=ttl)
 
     def _check_credentials(self, namespace: str, doc: dict) -> None:
         """Each credential's Secret must exist in the namespace: the pods of every TrainJob there mount it, and
@@ -266,7 +275,7 @@ class Verify:
         p.status = core.classify(trainjob, pods, events, self.manager)
         entry = core.find_entry(trainjob, self.manager)
         if entry is not None:
-            p.checks = core.template_checks(pod, entry, self.opts.settings, self.expected)
+            p.checks = template_checks(pod, entry, self.opts.settings, self.expected)
         if p.status.done and p.status.container:
             p.output = self.cluster.log_tail(namespace, p.status.pod, p.status.container, p.status.previous,
                                              core.OUTPUT_LINES).rstrip("\n")
@@ -275,7 +284,7 @@ class Verify:
         """The UID of a probe whose create got no answer: the object of that name, if it is this run's."""
         job = self.cluster.trainjob(namespace, name)
         labels = ((job or {}).get("metadata") or {}).get("labels") or {}
-        return job["metadata"].get("uid") if job is not None and labels.get(core.RUN_LABEL) == self.run_id else None
+        return job["metadata"].get("uid") if job is not None and labels.get(RUN_LABEL) == self.run_id else None
 
     def _cleanup(self, namespace: str) -> bool:
         """Delete every probe a create was sent for, each only while it is the object made (its UID); True when
@@ -302,7 +311,7 @@ class Verify:
         if failures or left:
             what = "; ".join(failures) or "still there: " + ", ".join(left)
             self.err.write(f"verify: could not delete every probe ({what}):"
-                           f" kubectl delete trainjobs -n {namespace} -l {core.RUN_LABEL}={self.run_id}\n")
+                           f" kubectl delete trainjobs -n {namespace} -l {RUN_LABEL}={self.run_id}\n")
             return False
         return True
 

@@ -1,6 +1,7 @@
-"""`verify` (SPEC 9), the part without I/O: the probe TrainJob, the stage a probe reached read from its stored
-TrainJob, its pods and their events, the stored pod template against the settings, what to do on each
-failure, and the report (table or JSON). The adapter (`webhook.commands.verify`) reads the cluster and calls these.
+"""`verify` (SPEC 9), the part without I/O: the stage a probe reached read from its stored TrainJob, its pods and
+their events, and what to do on each failure. The probe TrainJob is `verify_probe`'s, the stored pod template
+against the settings `verify_template`'s, the report (table or JSON) `verify_report`'s. The adapter
+(`webhook.commands.verify`) reads the cluster and calls these.
 
 A probe goes through the stages in order: `admitted` (the webhook's entry is on the stored TrainJob),
 `scheduled` (the pod is bound to a node), `pulled` (the image volume or the route-2 init container's image
@@ -10,32 +11,17 @@ is on the node), `started` (the node container's process exists), `ran` (it exit
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from ..core import paths
-from ..core.patch import PUBLISH_DEST_ENV, Entry, entry_pod_specs, entry_secrets
+from ..core.patch import PUBLISH_DEST_ENV, entry_pod_specs, entry_secrets
 from ..core.registry import NODE_CONTAINER
-from ..core.runtimes import RuntimeFacts
-from ..core.settings import PUBLISH_VOLUME, ROUTE_INIT_CONTAINER, Settings
+from ..core.settings import PUBLISH_VOLUME
 from . import verify_causes as causes
+from .verify_probe import PUBLISH_BINARY
 
-PUBLISH_BINARY = paths.PUBLISH_DIR + "/publish"
-DEFAULT_COMMAND = (PUBLISH_BINARY, "--help")
-# Labels every probe TrainJob carries: the first finds every probe ever made by verify, the second one run's.
-PROBE_LABEL = "dispatch.go.phpboyscout.uk/verify"
-RUN_LABEL = "dispatch.go.phpboyscout.uk/verify-run"
-# How long after its creation (seconds, on the API server's clock) a probe may be removed by `verify --cleanup`
-# or the next verify in its namespace: past the longest a verify still follows it (inspection.verify_cleanup).
-TTL_ANNOTATION = "dispatch.go.phpboyscout.uk/verify-ttl-seconds"
-# The runtimePatches entry verify writes itself: its labels on the JobSet and pods, the pin to a node
-# (--per-node); never the publish mount.
-VERIFY_MANAGER = "dispatch.go.phpboyscout.uk/verify"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 NOT_EXECUTED = (126, 127)  # the shell's "found but cannot execute" and "not found"
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable")
 START_REASONS = ("StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError",
@@ -67,18 +53,6 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Check:
-    """One thing the settings say against what the stored pod template holds."""
-    what: str
-    expected: str
-    found: str
-
-    @property
-    def ok(self) -> bool:
-        return self.expected == self.found
-
-
-@dataclass(frozen=True)
 class Status:
     """Where a probe is now: the last stage it reached, and either its end or what it waits for."""
     reached: Stage | None
@@ -96,87 +70,6 @@ class Status:
     @property
     def ran(self) -> bool:
         return self.reached is Stage.RAN and self.failure is None
-
-
-# ---- the probe ----
-
-def probe_trainjob(name: str, namespace: str, kind: str, runtime: str, run_id: str,
-                   command: Iterable[str] = DEFAULT_COMMAND, image: str | None = None,
-                   labels: dict[str, str] | None = None, node: dict[str, Any] | None = None,
-                   jobs: Iterable[str] = (), ttl: int | None = None) -> dict[str, Any]:
-    """The probe TrainJob: one node, the trainer command, labelled. Trainer copies no TrainJob label to the
-    JobSet or its pods, so an entry of verify's own manager puts the labels there (on the JobSet and on
-    each of the runtime's replicated `jobs`' pods) and, with `node` (a Node object), pins every pod to it.
-    Never the publish mount: that entry is the webhook's to add. `ttl`: seconds after which another verify
-    may remove it (TTL_ANNOTATION)."""
-    trainer: dict[str, Any] = {"numNodes": 1, "command": list(command)}
-    if image:
-        trainer["image"] = image
-    ours = {PROBE_LABEL: "probe", RUN_LABEL: run_id}
-    pod_spec: dict[str, Any] = {}
-    if node is not None:
-        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL) or node["metadata"]["name"]
-        pod_spec["nodeSelector"] = {HOSTNAME_LABEL: hostname}
-    patch_jobs = []
-    for job in jobs:
-        pod: dict[str, Any] = {"metadata": {"labels": dict(ours)}}
-        if pod_spec:
-            pod["spec"] = json.loads(json.dumps(pod_spec))
-        patch_jobs.append({"name": job, "template": {"spec": {"template": pod}}})
-    entry = {"manager": VERIFY_MANAGER, "trainingRuntimeSpec": {"template": {
-        "metadata": {"labels": dict(ours)}, "spec": {"replicatedJobs": patch_jobs}}}}
-    spec: dict[str, Any] = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": runtime},
-                  "trainer": trainer, "runtimePatches": [entry]}
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {**(labels or {}), **ours}}
-    if ttl is not None:
-        meta["annotations"] = {TTL_ANNOTATION: str(int(ttl))}
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}
-
-
-def runtime_jobs(runtime: dict[str, Any]) -> list[str]:
-    """The names of the runtime's replicated jobs (each is pinned with --per-node)."""
-    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return [j["name"] for j in spec.get("replicatedJobs") or [] if isinstance(j, dict) and j.get("name")]
-
-
-def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t["key"] == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
-
-
-def runtime_tolerations(runtime: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tolerations every replicated job's pod of the runtime carries (a taint must be tolerated by all)."""
-    spec = ((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}
-    per_job = [(((j.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("tolerations")
-               or [] for j in spec.get("replicatedJobs") or [] if isinstance(j, dict)]
-    if not per_job:
-        return []
-    return [t for t in per_job[0] if all(t in others for others in per_job[1:])]
-
-
-def schedulable_nodes(nodes: list[dict[str, Any]], tolerations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Nodes a probe can be pinned to: Ready, not cordoned, and no NoSchedule or NoExecute taint the runtime's
-    pods do not tolerate. Sorted by name."""
-    out = []
-    for n in nodes:
-        spec, status = n.get("spec") or {}, n.get("status") or {}
-        if spec.get("unschedulable"):
-            continue
-        ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-        if ready.get("status") != "True":
-            continue
-        if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, t)
-               for t in spec.get("taints") or []):
-            continue
-        out.append(n)
-    return sorted(out, key=lambda n: n["metadata"]["name"])
 
 
 # ---- the entry on the stored TrainJob ----
@@ -206,7 +99,7 @@ def route_of(entry: dict[str, Any] | None) -> Route:
     return Route(None)
 
 
-def _entry_publish_image(entry: dict[str, Any] | None) -> str:
+def entry_publish_image(entry: dict[str, Any] | None) -> str:
     for pod in entry_pod_specs(entry):
         for v in pod.get("volumes") or []:
             if v.get("name") == PUBLISH_VOLUME and isinstance(v.get("image"), dict):
@@ -316,7 +209,7 @@ class _ProbePod:
 
     def pull_failed(self, message: str) -> Status:
         return self.failed(Stage.PULLED, message, causes.Cause(causes.IMAGE_PULL, message, causes.pull_hint(
-            message, _entry_publish_image(self.entry)), final=True))
+            message, entry_publish_image(self.entry)), final=True))
 
     def judge(self) -> Status:
         if _condition(self.pod, "PodScheduled").get("status") != "True" and not self.node:
@@ -444,54 +337,3 @@ def hint_for(stage: Stage, message: str, route: Route | None = None) -> str:
             return "the init container failed: read its log (kubectl logs POD -c INIT) and fix its command or image"
         return "the container could not start: read the message, then `kubectl describe pod` on a kept probe (--keep)"
     return "read the probe's output above"
-
-
-# ---- the stored pod template against the settings ----
-
-def _mount(container: dict[str, Any]) -> dict[str, Any] | None:
-    return next((m for m in container.get("volumeMounts") or [] if m.get("name") == PUBLISH_VOLUME), None)
-
-
-def _describe_mount(m: dict[str, Any] | None) -> str:
-    if m is None:
-        return "no mount"
-    return f"{m.get('mountPath')} {'read-only' if m.get('readOnly') else 'read-write'}"
-
-
-def template_checks(pod: dict[str, Any] | None, entry: dict[str, Any] | None, settings: Settings | None,
-                    expected: Entry | None = None) -> list[Check]:
-    """What the settings say (else the stored entry) against what the probe's pod holds: the publish mount
-    read-only at /opt/dispatch on the node container, and the image (route 1: the image volume's reference;
-    route 2: an emptyDir the init container fills). `expected`: the entry the settings produce for the runtime."""
-    checks: list[Check] = []
-    if entry is not None and expected is not None:
-        checks.append(Check("entry", "as the settings produce it",
-                            "as the settings produce it" if expected.matches(entry)
-                            else "differs from what the settings produce"))
-    if pod is None:
-        return checks
-    spec = pod.get("spec") or {}
-    publish = settings.publish if settings is not None else None
-    node: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == NODE_CONTAINER), {})
-    checks.append(Check("node container mount", f"{paths.PUBLISH_DIR} read-only", _describe_mount(_mount(node))))
-    volume = next((v for v in spec.get("volumes") or [] if v.get("name") == PUBLISH_VOLUME), None)
-    route2 = publish.via == ROUTE_INIT_CONTAINER if publish is not None else route_of(entry).number == 2
-    if route2:
-        init_name = publish.init_container if publish is not None else route_of(entry).init_container
-        init: dict[str, Any] = next((c for c in spec.get("initContainers") or [] if c.get("name") == init_name), {})
-        checks.append(Check("publish volume", "emptyDir", "emptyDir" if volume and "emptyDir" in volume
-                            else json.dumps(volume)))
-        found = _mount(init)
-        checks.append(Check(f"init container {init_name} mount", f"{paths.PUBLISH_DIR} read-write",
-                            _describe_mount(found)))
-    else:
-        want = publish.image if publish is not None else _entry_publish_image(entry)
-        got = ((volume or {}).get("image") or {}).get("reference") or (json.dumps(volume) if volume else "no volume")
-        checks.append(Check("image volume", want, got))
-    return checks
-
-
-def expected_entry(settings: Settings | None, facts: RuntimeFacts | None) -> Entry | None:
-    if settings is None or facts is None or not settings.configured or not facts.targets:
-        return None
-    return Entry.build(settings, facts.targets)

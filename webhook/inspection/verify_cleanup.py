@@ -19,7 +19,8 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from .verify import PROBE_LABEL, RUN_LABEL, TTL_ANNOTATION, VERIFY_MANAGER, find_entry
+from .verify import find_entry
+from .verify_probe import PROBE_LABEL, RUN_LABEL, TTL_ANNOTATION, VERIFY_MANAGER
 
 # Past the longest a verify still follows its probe (--timeout, then the wait for its delete): for an API
 # server that answers slowly, or a verify stopped for a while (Ctrl-Z).

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .verify import OUTPUT_LINES, STAGES, Check, Stage, Status
+from .verify import OUTPUT_LINES, STAGES, Stage, Status
+from .verify_template import Check
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """The API calls `verify` and `verify --cleanup` make, with the official client (`Cluster`), and how their
 failures read (`Unusable`: verify cannot run, exit 2 with the reason in one line). `webhook.inspection.verify`
-judges what these calls read; `webhook.commands.verify` wires the two and prints."""
+judges what these calls read (`verify_probe` makes the probe); `webhook.commands.verify` wires the two and prints."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..core.runtimes import GROUP, VERSION
-from ..inspection.verify import JOBSET_NAME_LABEL, PROBE_LABEL
+from ..inspection.verify_probe import JOBSET_NAME_LABEL, PROBE_LABEL
 
 TIMEOUT = (5, 30)            # connect, read: for every call
 # A metadata-only read: whether a Secret exists, never its data.
