@@ -23,7 +23,6 @@ import base64
 import contextlib
 import copy
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -42,35 +41,27 @@ from tests.e2e import toolchain  # noqa: E402
 from tests.e2e.conftest import start_cluster  # noqa: E402
 from tests.e2e.trainer import start_trainer, trainer_webhooks  # noqa: E402
 from tests.e2e.webhooks import start_our_webhooks, webhooks_swapped  # noqa: E402
-from tests.helpers import EXAMPLES, review, trainjob  # noqa: E402
+from tests.helpers import EXAMPLES, metric_table, review, trainjob  # noqa: E402
 from tests.process import stop, webhook_server  # noqa: E402
 
 NS = "bench"
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 OURS = {"mutate": "mutate.route1.dispatch.go.phpboyscout.uk", "validate": "validate.route1.dispatch.go.phpboyscout.uk"}
 TRAINERS = {"mutate": "defaulter.trainjob.trainer.kubeflow.org", "validate": "validator.trainjob.trainer.kubeflow.org"}
-_LINE = re.compile(r'^(?P<name>\w+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
 
 
 def histograms(cluster) -> dict[str, dict]:
     """Per webhook: {"sum", "count", "buckets": {le: cumulative count}}, summed over operation and type."""
-    text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
     out: dict[str, dict] = {}
-    for line in text.splitlines():
-        if not line.startswith(METRIC):
+    for (name, pairs), value in metric_table(cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout).items():
+        part, labels = name.removeprefix(METRIC + "_"), dict(pairs)
+        if part not in ("sum", "count", "bucket") or name != f"{METRIC}_{part}":
             continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
         h = out.setdefault(labels.get("name", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
-        value = float(m["value"])
-        if m["name"] == METRIC + "_sum":
-            h["sum"] += value
-        elif m["name"] == METRIC + "_count":
-            h["count"] += value
-        elif m["name"] == METRIC + "_bucket":
+        if part == "bucket":
             h["buckets"][labels["le"]] = h["buckets"].get(labels["le"], 0.0) + value
+        else:
+            h[part] += value
     return out
 
 

@@ -4,7 +4,9 @@ change, not the luck of the draw); local runs and the long release run draw new 
 The rules' tests are marked for the sweep (tests/sweep.py): a test named `test_<rule>_...` or
 `test_spec_5_<rule>_...` (any id of `registry.DEFAULT`) is marked for that rule, others with
 `@pytest.mark.rules("<id>", ...)`; `--rule-off ID` runs the session with that rule switched off, and
-`--sweep-report FILE` writes how each test ended, for the sweep to read.
+`--sweep-report FILE` writes how each test ended, for the sweep to read. A test module may hold test-only rules
+in a `REGISTRY` of its own (a `rule.Registry`; tests/unit/test_toy_rule.py): its tests are marked for them the same
+way, and `--rule-off` switches them off there (`python -m tests.sweep --registry MODULE ID`).
 """
 
 import contextlib
@@ -17,15 +19,21 @@ from hypothesis import settings
 
 from tests.process import Serve
 from webhook.core import registry
+from webhook.core.rule import Registry
 
 # No per-example deadline: under a loaded machine (the whole suite, CI) a slow example is not a failure.
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
 settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+
+def _named(reg: Registry) -> re.Pattern[str]:
+    """The test names marked for `reg`'s rules: `test_<id>_...` or `test_spec_5_<id>_...`."""
+    return re.compile(r"^test_(?:spec_5_)?(" + "|".join(re.escape(r.id.lower()) for r in reg.rules) + ")_")
+
+
 # The ids come from the registry: a rule added there (R9, S7) marks its tests without an edit here.
-_IDS = {r.id.lower(): r.id for r in registry.DEFAULT.rules}
-_NAMED = re.compile(r"^test_(?:spec_5_)?(" + "|".join(map(re.escape, _IDS)) + ")_")
+_NAMED = _named(registry.DEFAULT)
 
 
 def pytest_addoption(parser):
@@ -38,36 +46,65 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "rules(*ids): the test checks these rules (the sweep runs it for each)")
     for r in registry.DEFAULT.rules:
         config.addinivalue_line("markers", f"rule_{r.id}: marked for rule {r.id} (set from the name or rules())")
+    config._rules_off = contextlib.ExitStack()
     off = config.getoption("rule_off")
-    if off:
-        config._rules_off = registry.DEFAULT.switched_off(*off)
-        config._rules_off.__enter__()
+    ours = [r for r in off if r in registry.DEFAULT.by_id]
+    if ours:
+        config._rules_off.enter_context(registry.DEFAULT.switched_off(*ours))
+    # The others are a test module's own: switched off in its REGISTRY once collection has imported it.
+    config._rules_off_elsewhere = [r for r in off if r not in registry.DEFAULT.by_id]
     config._sweep_outcomes = []
 
 
 def pytest_unconfigure(config):
-    if getattr(config, "_rules_off", None) is not None:
-        config._rules_off.__exit__(None, None, None)
+    config._rules_off.close()
     path = config.getoption("sweep_report", None)
     if path:
         with open(path, "w") as f:
             json.dump(config._sweep_outcomes, f)
 
 
-def rules_of(item) -> set[str]:
+def own_registry(item) -> Registry | None:
+    """The test-only rules of the item's module (its `REGISTRY`), if it has any."""
+    found = getattr(getattr(item, "module", None), "REGISTRY", None)
+    return found if isinstance(found, Registry) else None
+
+
+def rules_of(item, own: Registry | None = None) -> set[str]:
     found = {m for mark in item.iter_markers("rules") for m in mark.args}
-    named = _NAMED.match(getattr(item, "originalname", item.name))
-    if named:
-        found.add(_IDS[named.group(1)])
+    name = getattr(item, "originalname", item.name)
+    for reg, named in ((registry.DEFAULT, _NAMED), *(((own, _named(own)),) if own else ())):
+        match = named.match(name) if reg.rules else None
+        if match:
+            found.add(next(r.id for r in reg.rules if r.id.lower() == match.group(1)))
     return found
 
 
+def _take_own(config, own: Registry, seen: list[Registry]) -> None:
+    """A module's REGISTRY met for the first time: its markers declared, the rules `--rule-off` names switched off."""
+    seen.append(own)
+    for r in own.rules:
+        config.addinivalue_line("markers", f"rule_{r.id}: marked for the test-only rule {r.id}")
+    off = [r for r in config._rules_off_elsewhere if r in own.by_id]
+    if off:
+        config._rules_off.enter_context(own.switched_off(*off))
+
+
 def pytest_collection_modifyitems(config, items):
+    seen: list[Registry] = []
     for item in items:
-        for rule_id in rules_of(item):
-            if rule_id not in registry.DEFAULT.by_id:
-                raise pytest.UsageError(f"{item.nodeid}: no rule {rule_id!r} in webhook/core/registry.py")
+        own = own_registry(item)
+        if own is not None and all(own is not s for s in seen):
+            _take_own(config, own, seen)
+        for rule_id in rules_of(item, own):
+            if rule_id not in registry.DEFAULT.by_id and (own is None or rule_id not in own.by_id):
+                raise pytest.UsageError(f"{item.nodeid}: no rule {rule_id!r} in webhook/core/registry.py"
+                                        " or the module's REGISTRY")
             item.add_marker(f"rule_{rule_id}")
+    unknown = [r for r in config._rules_off_elsewhere if not any(r in s.by_id for s in seen)]
+    if unknown:
+        raise pytest.UsageError(f"--rule-off: no rule {', '.join(unknown)} in webhook/core/registry.py"
+                                " or a collected test module's REGISTRY")
 
 
 @pytest.hookimpl(hookwrapper=True)

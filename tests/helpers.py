@@ -209,6 +209,11 @@ def metric_table(text: str) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def table_total(table: dict[tuple[str, tuple], float], name: str, /, **labels: str) -> float:
+    """The sum of a `metric_table`'s samples named `name` whose labels include `labels` (0 when there is none)."""
+    return sum(v for (n, ls), v in table.items() if n == name and all((k, want) in ls for k, want in labels.items()))
+
+
 def metric_total(text: str, name: str, /, **labels: str) -> float:
     """The sum of `metric_samples` (0 when there is none)."""
     return sum(metric_samples(text, name, **labels))

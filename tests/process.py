@@ -54,6 +54,27 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def started_ready(what: str, check, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None,
+                  every: float = 0.5):
+    """eventually() for a process we started: `check()`'s first truthy value (an exception it raises counts as not
+    yet), failing at once if `proc` exits, and reporting `log`'s tail and the last error on timeout."""
+    last: list[Exception] = []
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-4000:] if log else ""
+
+    def ready():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited {proc.returncode}:\n{tail()}")
+        try:
+            return check()
+        except Exception as e:  # noqa: BLE001 - reported on timeout
+            last[:] = [e]
+            return None
+
+    return eventually(ready, f"{what} ready", timeout, every=every, detail=lambda: f"({last}):\n{tail()}")
+
+
 def free_port() -> int:
     """A free loopback port, never one this test session (this worker, under xdist) was given before: the kernel
     may hand the port it just released to the next bind, so two calls in a row could name one port for two

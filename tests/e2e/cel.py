@@ -4,11 +4,10 @@ admissionregistration.k8s.io/v1) installed in the suite's kube-apiserver, as a c
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from tests.e2e import fidelity
-from tests.helpers import MANAGER, trainjob
+from tests.helpers import MANAGER, eventually, trainjob
 
 POLICIES = Path(__file__).resolve().parent.parent.parent / "bench" / "cel"
 POLICY_FILES = ("validate.yaml", "validate-runtime.yaml", "mutate.yaml")
@@ -22,8 +21,9 @@ def install(cluster, namespace: str, timeout: float = 60) -> None:
     custom = fidelity._api(cluster)
     bad = trainjob(name="cel-probe", namespace=namespace, env=[{"name": "DISPATCH_PROBE", "value": "1"}])
     good = trainjob(name="cel-probe", namespace=namespace)
-    deadline, last = time.monotonic() + timeout, "the DISPATCH_ env admitted"
-    while time.monotonic() < deadline:
+    last = ["the DISPATCH_ env admitted"]
+
+    def enforced() -> bool:
         try:
             custom.create_namespaced_custom_object(fidelity.GROUP, fidelity.VERSION, namespace, "trainjobs", bad,
                                                    dry_run="All")
@@ -32,9 +32,10 @@ def install(cluster, namespace: str, timeout: float = 60) -> None:
                 got = custom.create_namespaced_custom_object(fidelity.GROUP, fidelity.VERSION, namespace, "trainjobs",
                                                              good, dry_run="All")
                 if any(e["manager"] == MANAGER for e in got["spec"].get("runtimePatches") or []):
-                    return
-                last = "a TrainJob admitted without the entry"
+                    return True
+                last[0] = "a TrainJob admitted without the entry"
             except Exception as exc:
-                last = f"a plain TrainJob refused: {str(exc)[-600:]}"
-        time.sleep(0.3)
-    raise AssertionError(f"the in-tree policies were not enforced in {namespace} within {timeout:.0f} s: {last}")
+                last[0] = f"a plain TrainJob refused: {str(exc)[-600:]}"
+        return False
+
+    eventually(enforced, f"the in-tree policies enforced in {namespace}", timeout, every=0.3, detail=lambda: last[0])

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.e2e import toolchain
-from tests.process import free_port, stop
+from tests.process import free_port, started_ready, stop
 from webhook import certs
 
 # Every server process's log, by name: the failure report (conftest.py) appends what each wrote during a failed test.
@@ -178,19 +178,13 @@ class ControlPlane:
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"e2e={peer}", "--unsafe-no-fsync", "--log-level", "warn"]
         self.etcd_proc = self._spawn(cmd, self.etcd_log)
-        deadline = time.monotonic() + 30
         import urllib.request
 
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1) as r:
-                    if json.loads(r.read()).get("health") == "true":
-                        return
-            except Exception:
-                time.sleep(0.2)
-            if self.etcd_proc.poll() is not None:
-                break
-        raise RuntimeError(f"etcd did not start:\n{self.etcd_log.read_text()[-3000:]}")
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1) as r:
+                return json.loads(r.read()).get("health") == "true"
+
+        started_ready("etcd", healthy, 30, self.etcd_proc, self.etcd_log, every=0.2)
 
     def start_apiserver(self, extra: list[str] | None = None) -> None:
         cmd = [str(self.bins["kube-apiserver"]),
@@ -213,18 +207,11 @@ class ControlPlane:
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.apiserver_proc.poll() is not None:
-                raise RuntimeError(f"kube-apiserver exited:\n{self.apiserver_log.read_text()[-4000:]}")
-            try:
-                got = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
-            except subprocess.TimeoutExpired:  # a starting API server may hold a connection without answering
-                continue
-            if got.returncode == 0 and got.stdout.strip() == "ok":
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"kube-apiserver not ready:\n{self.apiserver_log.read_text()[-4000:]}")
+        def ready() -> bool:  # TimeoutExpired: a starting API server may hold a connection without answering
+            got = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+            return got.returncode == 0 and got.stdout.strip() == "ok"
+
+        started_ready("kube-apiserver", ready, timeout, self.apiserver_proc, self.apiserver_log)
 
     def restart_apiserver(self, down_for: float = 0) -> None:
         stop(self.apiserver_proc)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +26,7 @@ from tests.e2e.cluster import LOGS
 from tests.e2e.kyverno import ENGINE_LABEL, SKIP_MUTATION_LABEL
 from tests.e2e.webhooks import Webhook
 from tests.helpers import EXAMPLES, MANAGER, mount_patch, mutated, pod_patch, runtime, stock_runtimes, trainjob
-from tests.process import webhook_server
+from tests.process import eventually, webhook_server
 from webhook.core.admission import Admission
 
 ENGINES = ("ours", "kyverno", "cel")
@@ -307,17 +306,16 @@ def _scope(cluster, custom, engine: str, on: bool) -> None:
     ns = NAMESPACES[engine]
     cluster.kubectl("label", "namespace", ns, f"{ENGINE_LABEL}={engine if on else 'off'}", "--overwrite")
     probe = trainjob(name="scope-probe", namespace=ns, env=[{"name": "DISPATCH_PROBE", "value": "1"}])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def agreed() -> bool:
         try:
             custom.create_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs", probe, dry_run="All")
             refused = False
         except Exception:
             refused = True
-        if refused == on:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{engine}'s namespace did not go {'in' if on else 'out of'} scope in 60 s")
+        return refused == on
+
+    eventually(agreed, f"{engine}'s namespace {'in' if on else 'out of'} scope", 60, every=0.2)
 
 
 def run_case(cluster, custom, case: Case, engine: str, name: str) -> Outcome:

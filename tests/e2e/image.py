@@ -50,7 +50,7 @@ from packaging.utils import canonicalize_name
 
 from tests.e2e import toolchain
 from tests.e2e.registry import Registry
-from tests.process import ROOT, free_port, stop
+from tests.process import ROOT, free_port, started_ready, stop
 
 REPO = "dispatch-admission"
 BUILD_BASE_REPO = "dispatch-e2e/python-build-base"
@@ -400,17 +400,14 @@ def buildkitd(insecure_registries: list[str]):
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     kit = BuildKit(work, addr, proc, log, cgroup, bins)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"buildkitd exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        def workers() -> bool:
             ready = subprocess.run([str(bins / "buildctl"), "--addr", addr, "debug", "workers"],
                                    capture_output=True, text=True, timeout=30)
             if ready.returncode == 0 and len(ready.stdout.splitlines()) > 1:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"buildkitd not ready:\n{ready.stderr}\n{log.read_text()[-4000:]}")
-            time.sleep(0.3)
+                return True
+            raise RuntimeError(ready.stderr)  # the last one is reported on timeout
+
+        started_ready("buildkitd", workers, 60, proc, log, every=0.3)
         yield kit
     finally:
         stop(proc, timeout=30)
@@ -641,15 +638,11 @@ def local_index(wheels: Path):
     proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
                              "--directory", str(wheels)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the local package index did not start") from None
-                time.sleep(0.2)
+        def listing() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
+                return True
+
+        started_ready("the local package index", listing, 30, proc, every=0.2)
         yield f"http://127.0.0.1:{port}/"
     finally:
         stop(proc)

@@ -16,17 +16,21 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from tests.e2e import image as image_mod
+from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.helm import node_values
 from tests.e2e.node import Images, NodeCluster
-from tests.e2e.node_env import CREDS_PATH, NS, entry, kube
+from tests.e2e.node_env import CREDS_PATH, NS, ensure_namespaces, entry, kube, reset_workloads
 from tests.helpers import ROOT
 from tests.process import eventually
 
@@ -200,6 +204,22 @@ class Load:
         return sorted(self.results, key=lambda r: r.started)
 
 
+def sent_again(send: Callable[[], tuple[int, Any]], transient: tuple[int, ...] = (429, 500, 504),
+               timeout: float = 600) -> tuple[int, Any]:
+    """`send()`'s (status, body), sent again every 2 s for `timeout` s at most while the API server answers with a
+    `transient` status (this 2-core node's times out, 504, or sheds, 429, under load: a tenant retries); the last
+    answer when time is up."""
+    last: list[tuple[int, Any]] = []
+
+    def answered() -> bool:
+        last[:] = [send()]
+        return last[0][0] not in transient
+
+    with contextlib.suppress(AssertionError):
+        eventually(answered, f"an answer other than {transient}", timeout, every=2)
+    return last[0]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
@@ -316,6 +336,41 @@ def uninstall_leftovers(env: Installed) -> None:
         env.helm_run("uninstall", RELEASE, "-n", RNS, "--no-hooks", "--wait", "--timeout", "2m", check=False)
     with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
         delete_load(env.cluster)
+
+
+def ready_for_release(stack: contextlib.ExitStack, nc: NodeCluster) -> str:
+    """The shared node made ready for a release: settled, the load's namespace made, every workload gone when
+    `stack` closes (its last step: after the release, and its webhooks, are gone). The session's webhook image
+    (built once, by test_image.py when it ran first), pushed to this node's registry, is returned."""
+    nc.settle()
+    ensure_namespaces(nc.cluster, LOAD_NS)
+    stack.callback(reset_workloads, nc.cluster, (NS, LOAD_NS))
+    started = time.monotonic()
+    webhook_image = image_mod.build_webhook_image(nc.registry)
+    print(f"\nwebhook image {webhook_image} ready in {time.monotonic() - started:.0f}s")
+    return webhook_image
+
+
+def install_release(stack: contextlib.ExitStack, nc: NodeCluster, tmp: Path, webhook_image: str,
+                    timeout: str = "8m") -> Installed:
+    """The chart installed (`helm install --wait`) with the e2e values, uninstalled when `stack` closes; a failed
+    install raises with the pods, the release's events and the webhook's logs."""
+    c = nc.cluster
+    env = Installed(nc, c, nc.images, webhook_image, str(toolchain.helm_bin() / "helm"), tmp,
+                    webhook_values(nc.images, webhook_image))
+    stack.callback(uninstall_leftovers, env)
+    started = time.monotonic()
+    got = env.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
+                       "--timeout", timeout, values=env.values, check=False)
+    env.installed_in = time.monotonic() - started
+    if got.returncode != 0:
+        pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+        events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
+        logs_ = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=60", "--prefix", check=False)
+        raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}\n"
+                             f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
+    print(f"helm install --wait: {env.installed_in:.0f}s")
+    return env
 
 
 # ---- helpers: sockets, certificates, logs ----

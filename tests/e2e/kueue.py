@@ -25,8 +25,8 @@ import yaml
 
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.node import NODE_NAME, _http_ok, _wait, identity, kubeconfig_for
-from tests.process import free_port, stop
+from tests.e2e.node import NODE_NAME, _http_ok, identity, kubeconfig_for
+from tests.process import free_port, started_ready, stop
 
 KUEUE_NAMESPACE = "kueue-system"  # what the manager takes for its own namespace out of cluster
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -179,7 +179,7 @@ def start_kueue(stack: contextlib.ExitStack, cluster: ControlPlane, tmp: Path, n
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={"HOME": str(base), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     stack.callback(stop, proc)
-    _wait("kueue", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc, log)
+    started_ready("kueue", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc, log)
     kueue = Kueue(cluster, proc, log, port, (cert_dir / "ca.crt").read_bytes())
     stack.callback(kueue.remove_webhooks)  # runs before the manager stops: failurePolicy Fail
     kueue.register_webhooks()

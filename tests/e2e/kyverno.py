@@ -24,7 +24,7 @@ import urllib3
 import yaml
 
 from tests.e2e import toolchain
-from tests.process import free_port, stop
+from tests.process import free_port, started_ready, stop
 
 POLICIES = Path(__file__).resolve().parent.parent.parent / "bench" / "kyverno"
 POLICY_FILES = ("mutate.yaml", "validate.yaml", "validate-cel.yaml")
@@ -81,41 +81,29 @@ class Kyverno:
         self.ready_s = time.monotonic() - started
         return self
 
-    def _alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"kyverno exited ({self.proc.returncode}):\n{self.log.read_text()[-4000:]}")
-
     def _wait_ready(self, timeout: float = 180) -> None:
         # Its configurations appear ~2 s before it can serve them (its TLS Secret syncs last): a policy
         # applied in that gap fails with `tls: internal error`, so readiness is what counts.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._alive()
+        def ready() -> bool:
             with warnings.catch_warnings():  # its CA is its own, issued at start: nothing to verify against yet
                 warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-                try:
-                    if requests.get(f"https://127.0.0.1:{self.port}/health/readiness", verify=False, timeout=2).ok:
-                        return
-                except requests.RequestException:
-                    pass
-            time.sleep(0.2)
-        raise RuntimeError(f"kyverno not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
+                return requests.get(f"https://127.0.0.1:{self.port}/health/readiness", verify=False, timeout=2).ok
+
+        started_ready("kyverno", ready, timeout, self.proc, self.log, every=0.2)
 
     def _wait_policies(self, docs: list[dict], resource: str, timeout: float = 120) -> None:
         """Every policy Ready, and the resource webhooks registered for `resource` (the policies are live)."""
-        deadline = time.monotonic() + timeout
         names = [d["metadata"]["name"] for d in docs]
-        while time.monotonic() < deadline:
-            self._alive()
+
+        def live() -> bool:
             ready = all(self.cluster.kubectl("get", "clusterpolicy", n, "-o",
                                              "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
                                              check=False).stdout.strip() == "True" for n in names)
             hooks = self.cluster.kubectl("get", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
                                          "-o", "json", check=False)
-            if ready and hooks.returncode == 0 and _lists(yaml.safe_load(hooks.stdout), resource):
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"kyverno policies not ready in {timeout:.0f}s:\n{self.log.read_text()[-4000:]}")
+            return ready and hooks.returncode == 0 and bool(_lists(yaml.safe_load(hooks.stdout), resource))
+
+        started_ready("kyverno's policies", live, timeout, self.proc, self.log, every=0.3)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -58,7 +58,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.registry import FileEntry, Registry, busybox_layer, write_layer
-from tests.process import eventually, free_port, stop
+from tests.process import eventually, free_port, started_ready, stop
 
 NODE_NAME = "dispatch-e2e-node"
 BRIDGE = "dspe2e0"
@@ -300,25 +300,6 @@ def build_images(registry: Registry, workdir: Path) -> Images:
 
 # ---- the node ----
 
-def _wait(what: str, check, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None):
-    """eventually() for a process we started: fails at once if it exits, and reports its log and the last error."""
-    last: list[Exception] = []
-
-    def tail() -> str:
-        return log.read_text(errors="replace")[-4000:] if log else ""
-
-    def ready():
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited {proc.returncode}:\n{tail()}")
-        try:
-            return check()
-        except Exception as e:  # noqa: BLE001 - reported on timeout
-            last[:] = [e]
-            return None
-
-    return eventually(ready, f"{what} ready", timeout, every=0.5, detail=lambda: f"({last}):\n{tail()}")
-
-
 def _https_ok(url: str) -> bool:
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
@@ -375,15 +356,15 @@ class Node:
     def acquire(self, timeout: float = 1800) -> None:
         LOCK.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(LOCK, "w")
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def locked() -> bool:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                return True
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"another e2e node holds {LOCK}") from None
-                time.sleep(2)
+                return False
+
+        eventually(locked, f"{LOCK} free (another e2e node holds it)", timeout, every=2)
 
     def start_network(self) -> None:
         """The first node: the bridge, its address, the guard chains. A later node: its address on the bridge and
@@ -513,7 +494,7 @@ state = "{base / 'state'}"
         # containerd finds containerd-shim-runc-v2 (and the shim finds runc) on PATH.
         path = f"{bindir}:{self.bins['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"
         proc = self._spawn("containerd", [str(self.bins["containerd"]), "--config", str(config)], env={"PATH": path})
-        _wait("containerd", lambda: self.ctr("version").returncode == 0, 60, proc, self.logs["containerd"])
+        started_ready("containerd", lambda: self.ctr("version").returncode == 0, 60, proc, self.logs["containerd"])
 
     def pull_from(self, host: str, server: str) -> None:
         """Where this node's containerd pulls images named `host/...` from: `server`, a registry on loopback
@@ -570,7 +551,7 @@ state = "{base / 'state'}"
                                        "--root-dir", str(base / "root"), "--hostname-override", self.place.name,
                                        "--node-ip", self.place.ip, "--v", "2"],
                            env={"PATH": f"{self.bins['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"})
-        _wait("the node", lambda: self.node_ready(cluster), 180, proc, self.logs["kubelet"])
+        started_ready("the node", lambda: self.node_ready(cluster), 180, proc, self.logs["kubelet"])
 
     def node_ready(self, cluster: ControlPlane) -> bool:
         node = cluster.get("node", self.place.name)
@@ -599,14 +580,14 @@ state = "{base / 'state'}"
             "--cluster-cidr", POD_CIDR, "--service-cluster-ip-range", SERVICE_CIDR, "--allocate-node-cidrs=false",
             "--controllers", "*",
             "--concurrent-job-syncs", "5", "--v", "1"])
-        _wait("kube-controller-manager", lambda: _https_ok(f"https://127.0.0.1:{kcm_port}/healthz"), 90, proc,
+        started_ready("kube-controller-manager", lambda: _https_ok(f"https://127.0.0.1:{kcm_port}/healthz"), 90, proc,
               self.logs["kube-controller-manager"])
         sched_cert = identity(cluster, "scheduler", "system:kube-scheduler")
         sched_port = free_port()
         proc = self._spawn("kube-scheduler", [
             str(self.bins["kube-scheduler"]), "--kubeconfig", kubeconfig_for(cluster, "scheduler", *sched_cert),
             "--bind-address", "127.0.0.1", "--secure-port", str(sched_port), "--leader-elect=false", "--v", "1"])
-        _wait("kube-scheduler", lambda: _https_ok(f"https://127.0.0.1:{sched_port}/healthz"), 90, proc,
+        started_ready("kube-scheduler", lambda: _https_ok(f"https://127.0.0.1:{sched_port}/healthz"), 90, proc,
               self.logs["kube-scheduler"])
         if self.proxy:
             proxy_cert = identity(cluster, "kube-proxy", "system:kube-proxy")
@@ -619,7 +600,7 @@ state = "{base / 'state'}"
                 # leave the host's conntrack settings alone
                 "--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
                 "--conntrack-tcp-timeout-close-wait", "0", "--v", "1"])
-            _wait("kube-proxy", lambda: _http_ok(f"http://127.0.0.1:{health}/healthz"), 90, proc,
+            started_ready("kube-proxy", lambda: _http_ok(f"http://127.0.0.1:{health}/healthz"), 90, proc,
                   self.logs["kube-proxy"])
         self._start_jobset(cluster)
 
@@ -640,7 +621,7 @@ state = "{base / 'state'}"
         proc = self._spawn("jobset-controller-manager", [
             str(self.bins["jobset-controller-manager"]), f"--config={config}", "--zap-log-level=info"],
             env={"KUBECONFIG": cluster.kubeconfig, "HOME": str(base)})
-        _wait("jobset-controller-manager", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc,
+        started_ready("jobset-controller-manager", lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"), 120, proc,
               self.logs["jobset-controller-manager"])
         jobset = toolchain.module_dir("sigs.k8s.io/jobset", toolchain.JOBSET)
         manifest = jobset / "config" / "components" / "webhook" / "manifests.yaml"
@@ -747,13 +728,10 @@ state = "{base / 'state'}"
         for pid in self._shims():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            alive = self._shims()
-            if not alive:
-                return
-            time.sleep(0.2)
-        self.problems.append(f"shims still running: {alive}")
+        try:
+            eventually(lambda: not self._shims(), "the shims gone", 10, every=0.2)
+        except AssertionError:
+            self.problems.append(f"shims still running: {self._shims()}")
 
     def _shims(self) -> list[str]:
         shim, address = str(self.bins["containerd-shim-runc-v2"]), str(self.containerd_sock).encode()

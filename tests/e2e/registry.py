@@ -17,13 +17,12 @@ import csv
 import io
 import subprocess
 import tarfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.e2e import toolchain
-from tests.process import free_port, stop
+from tests.process import free_port, started_ready, stop
 
 
 def _csv(items: list[str]) -> str:
@@ -109,20 +108,16 @@ class Registry:
             proc = subprocess.Popen([crane, "registry", "serve", "--address", f"127.0.0.1:{port}",
                                      "--disk", str(workdir / "blobs")], stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"crane registry serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                pass
-            if time.monotonic() > deadline:
-                stop(proc)
-                raise RuntimeError(f"registry not ready:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+
+        def serving() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
+                return r.status == 200
+
+        try:
+            started_ready("crane registry serve", serving, timeout, proc, log, every=0.2)
+        except AssertionError:
+            stop(proc)
+            raise
         return cls(workdir, proc, port, log)
 
     def stop(self) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import start_cluster
 from tests.e2e.trainer import start_trainer, trainer_webhooks
-from tests.process import stop
+from tests.process import eventually, stop
 
 VERSION = "v1alpha1"
 PLURAL = {"TrainJob": "trainjobs", "ClusterTrainingRuntime": "clustertrainingruntimes",
@@ -69,8 +68,9 @@ class Api:
 
         kind, meta = obj["kind"], obj["metadata"]
         extra = {"dry_run": "All"} if dry_run else {}
-        deadline = time.monotonic() + 20
-        while True:
+        last = [""]
+
+        def answered() -> tuple[dict | None, str] | None:
             try:
                 if kind == "ClusterTrainingRuntime":
                     got = self.objects.create_cluster_custom_object(GROUP, VERSION, PLURAL[kind], obj,
@@ -84,10 +84,13 @@ class Api:
                     message = json.loads(e.body).get("message", e.body)
                 except (TypeError, ValueError):
                     message = str(e.body)
-                if NOT_SEEN_YET in message and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                return None, f"{e.status}: {message}"
+                last[0] = f"{e.status}: {message}"
+                return None if NOT_SEEN_YET in message else (None, last[0])  # not seen yet: sent again
+
+        try:
+            return eventually(answered, f"{kind} {meta.get('name')} answered", 20, every=0.2)
+        except AssertionError:
+            return None, last[0]
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ import http.client
 import json
 import os
 import re
+import shlex
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
@@ -41,7 +41,6 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tests.e2e import image as image_mod
 from tests.e2e import toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.install import (
@@ -57,24 +56,24 @@ from tests.e2e.install import (
     SELECTOR,
     UPGRADE,
     Api,
-    Installed,
     Load,
     bundles,
     container_pid,
     delete_load,
     hex_address,
+    install_release,
     load_trainjob,
     logged_at,
     netns_connections,
     pod_ip,
+    ready_for_release,
     review_lines,
     secret_files,
+    sent_again,
     served_certificate,
     serves,
     sockets_of,
     summarise,
-    uninstall_leftovers,
-    webhook_values,
 )
 from tests.e2e.node import NODE_NAME
 from tests.e2e.node_env import (
@@ -87,43 +86,19 @@ from tests.e2e.node_env import (
     entry,
     logs,
     pods_of,
-    reset_workloads,
     trainjob,
 )
 from tests.e2e.registry import FileEntry, write_layer
-from tests.helpers import EXAMPLES, MANAGER, metric_table
+from tests.helpers import EXAMPLES, MANAGER, metric_table, table_total
 from tests.process import eventually, stop
 
 
 @pytest.fixture(scope="module")
 def inst(shared_node, tmp_path_factory):
     """The chart installed on the shared node; after the module, the release and every workload gone."""
-    nc = shared_node
-    nc.settle()
-    c = nc.cluster
-    tmp = tmp_path_factory.mktemp("install")
-    ensure_namespaces(c, LOAD_NS)
     with contextlib.ExitStack() as stack:
-        stack.callback(reset_workloads, c, (NS, LOAD_NS))  # last: after the release (its webhooks) is gone
-        # The session's image (built once, by test_image.py when it ran first), pushed to this node's registry.
-        started = time.monotonic()
-        webhook_image = image_mod.build_webhook_image(nc.registry)
-        print(f"\nwebhook image {webhook_image} ready in {time.monotonic() - started:.0f}s")
-        env = Installed(nc, c, nc.images, webhook_image, str(toolchain.helm_bin() / "helm"), tmp,
-                        webhook_values(nc.images, webhook_image))
-        stack.callback(uninstall_leftovers, env)
-        started = time.monotonic()
-        got = env.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
-                           "--timeout", "8m", values=env.values, check=False)
-        env.installed_in = time.monotonic() - started
-        if got.returncode != 0:
-            pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-            events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
-            logs_ = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=60", "--prefix", check=False)
-            raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}\n"
-                                 f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
-        print(f"helm install --wait: {env.installed_in:.0f}s")
-        yield env
+        webhook_image = ready_for_release(stack, shared_node)
+        yield install_release(stack, shared_node, tmp_path_factory.mktemp("install"), webhook_image)
 
 
 # ---- the install ----
@@ -393,8 +368,7 @@ def test_break_glass_with_every_replica_down(inst):
 
         # The break-glass line.
         line = BREAK_GLASS.format(name=FULL)
-        got = subprocess.run(line.replace("kubectl", f"{c.kubectl_bin} --kubeconfig {c.kubeconfig}", 1), shell=True,
-                             capture_output=True, text=True, timeout=60)
+        got = c.kubectl(*shlex.split(line)[1:], check=False)  # the documented line's words, as its shell splits them
         shown.append(f"$ {line}\n{(got.stdout + got.stderr).strip()}")
         assert got.returncode == 0, got.stdout + got.stderr
         assert [w["failurePolicy"] for w in c.get("validatingwebhookconfiguration", FULL)["webhooks"]] == ["Ignore"]
@@ -681,7 +655,7 @@ def scrape(pod: dict, token: str) -> dict[tuple[str, tuple], float]:
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     req = urllib.request.Request(f"https://{pod_ip(pod)}:8080/metrics", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=30, context=ctx) as got:
-        return parse_metrics(got.read().decode())
+        return metric_table(got.read().decode())
 
 
 def metrics_reader(inst):
@@ -693,16 +667,8 @@ def metrics_reader(inst):
 
     def plain(pod: dict) -> dict[tuple[str, tuple], float]:
         with urllib.request.urlopen(f"http://{pod_ip(pod)}:8080/metrics", timeout=30) as got:
-            return parse_metrics(got.read().decode())
+            return metric_table(got.read().decode())
     return plain
-
-
-def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
-    return metric_table(text)
-
-
-def total(found: dict, name: str, **labels) -> float:
-    return sum(v for (n, ls), v in found.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
 
 
 def test_one_tenant_cannot_stop_admission(inst):
@@ -742,11 +708,7 @@ def test_one_tenant_cannot_stop_admission(inst):
         def create(i: int) -> None:
             shape = hostile.SHAPES[i % len(hostile.SHAPES)]
             doc = hostile.large_runtime(shape, f"big-{shape}-{i:03d}", HOSTILE_NS)
-            for _ in range(10):  # the API server of this 2-core node times out (504) under the load: the tenant retries
-                status, got = Api(c, timeout=120, impersonate=TENANT).request("POST", path, doc)
-                if status not in (500, 504, 429):
-                    break
-                time.sleep(2)
+            status, got = sent_again(lambda: Api(c, timeout=120, impersonate=TENANT).request("POST", path, doc))
             assert status in (201, 409), (status, str(got)[:300])
             created.append(i)
 
@@ -783,9 +745,9 @@ def test_one_tenant_cannot_stop_admission(inst):
             patcher.join(30)
             results = load.stop()
         flood_ended = time.monotonic()
-        eventually(lambda: all(total(scrape(p, token), "dispatch_admission_runtime_cache_size", kind="TrainingRuntime")
-                               > HOSTILE_RUNTIMES for p in pods), "each keeper's watch brings every runtime",
-                   timeout=180, every=5)
+        eventually(lambda: all(table_total(scrape(p, token), "dispatch_admission_runtime_cache_size",
+                                           kind="TrainingRuntime") > HOSTILE_RUNTIMES for p in pods),
+                   "each keeper's watch brings every runtime", timeout=180, every=5)
         caught_up = time.monotonic() - flood_ended
         after = {n: scrape(p, token) for n, p in zip(names, inst.pods(), strict=False)}
         flood = json.loads(c.kubectl("logs", "flood", "-n", HOSTILE_NS).stdout.strip().splitlines()[-1])
@@ -797,8 +759,8 @@ def test_one_tenant_cannot_stop_admission(inst):
         for n, pod in zip(names, inst.pods(), strict=False):
             statuses = {s["name"]: s for s in pod["status"].get("containerStatuses", []) +
                         pod["status"].get("initContainerStatuses", [])}
-            gets = total(after[n], "dispatch_admission_api_requests_total", verb="get") - \
-                total(before[n], "dispatch_admission_api_requests_total", verb="get")
+            gets = table_total(after[n], "dispatch_admission_api_requests_total", verb="get") - \
+                table_total(before[n], "dispatch_admission_api_requests_total", verb="get")
             oom = {ctr: dict(line.split() for line in (cgroups[f"{n}/{ctr}"] / "memory.oom_control").read_text()
                              .splitlines())["oom_kill"] for ctr in ("webhook", "runtime-keeper")}
             report["pods"][n] = {
@@ -809,7 +771,7 @@ def test_one_tenant_cannot_stop_admission(inst):
                 "keeper limit MiB": round(peaks.limits[f"{n}/runtime-keeper"]),
                 "webhook peak working set MiB": round(peaks.peaks[f"{n}/webhook"]["working set"]),
                 "webhook limit MiB": round(peaks.limits[f"{n}/webhook"]),
-                "store MiB": round(total(after[n], "dispatch_admission_runtime_store_bytes") / 2**20, 1),
+                "store MiB": round(table_total(after[n], "dispatch_admission_runtime_store_bytes") / 2**20, 1),
                 "live GETs/s": round(gets / flood_seconds, 2),
                 "live reads": {ls[0][1]: v for (name, ls), v in after[n].items()
                                if name == "dispatch_admission_runtime_live_reads_total"},
@@ -853,7 +815,7 @@ def kill_keepers(inst, names: list[str], reader) -> dict[str, float]:
     def relisted(n: str, killed: float) -> bool:
         with contextlib.suppress(OSError, KeyError, ValueError, StopIteration):
             pod = next(p for p in inst.pods() if p["metadata"]["name"] == n)
-            last = total(reader(pod), "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
+            last = table_total(reader(pod), "dispatch_admission_runtime_cache_last_sync_timestamp_seconds",
                          kind="TrainingRuntime")
             return last > killed
         return False
@@ -910,7 +872,7 @@ class DryRuns:
                         key = f"client {type(e).__name__}"
                     with self.lock:
                         self.counts[key] = self.counts.get(key, 0) + 1
-                    time.sleep(max(0.0, every - (time.monotonic() - began)))
+                    time.sleep(max(0.0, every - (time.monotonic() - began)))  # paces the flood: not a wait
             finally:
                 api.close()
 
@@ -949,11 +911,8 @@ def test_hostile_tenant_at_volume(inst):
     def create(i: int) -> None:
         api = Api(c, timeout=120, impersonate=TENANT)
         try:
-            for _ in range(10):  # this 2-core node's API server answers 429/504 under the load: the tenant retries
-                status, got = api.request("POST", path, hostile.runtime_at_cap(f"cap-{i:04d}", HOSTILE_NS))
-                if status not in (500, 504, 429):
-                    break
-                time.sleep(2)
+            status, got = sent_again(lambda: api.request("POST", path, hostile.runtime_at_cap(f"cap-{i:04d}",
+                                                                                                  HOSTILE_NS)))
             assert status in (201, 409), (status, str(got)[:300])
         finally:
             api.close()
@@ -1081,11 +1040,8 @@ def each_runtime(c: ControlPlane, method: str, items, ok: tuple[int, ...]) -> No
         api = getattr(local, "api", None) or Api(c, timeout=120)
         local.api = api
         path, body = (RUNTIMES_PATH, item) if method == "POST" else (f"{RUNTIMES_PATH}/{item}", None)
-        for _ in range(5):  # this 2-core node's API server times out (504) or sheds (429) under load: sent again
-            status, got = api.request(method, path, body)  # (a create that went through after its 504: 409, ok)
-            if status not in (429, 504):
-                break
-            time.sleep(2)
+        # (a create that went through after its 504: 409, ok)
+        status, got = sent_again(lambda: api.request(method, path, body), transient=(429, 504), timeout=300)
         assert status in ok, (method, path, status, str(got)[:300])
 
     with ThreadPoolExecutor(12) as pool:
@@ -1185,7 +1141,7 @@ def test_memory_under_ten_thousand_runtimes_and_large_reviews_stays_in_the_chart
     read = metrics_reader(inst)
 
     def cached(pod: dict) -> float:
-        return total(read(pod), "dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
+        return table_total(read(pod), "dispatch_admission_runtime_cache_size", kind="ClusterTrainingRuntime")
 
     started = time.monotonic()
     try:
@@ -1255,7 +1211,7 @@ def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainj
     done = threading.Event()
     load = Load(c, "uninstall").start()
 
-    def watch():
+    def watch():  # times when each object goes (the figures): not a wait
         api = Api(c)
         try:
             while not done.is_set() and len(gone) < len(paths):

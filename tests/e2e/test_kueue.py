@@ -310,14 +310,14 @@ def resume_outcome(env: KueueEnv, name: str, timeout: float = 60) -> str:
     """What happens to a preempted job once Kueue admits it again: completed, or what stops it (for the report)."""
     c = env.cluster
     poll(f"{name} resumed by Kueue", lambda: kube(c).trainjob(name)["spec"].get("suspend") is False)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = c.get("trainjob", name, NS)
-        done = [x for x in job.get("status", {}).get("conditions", []) if x["type"] in ("Complete", "Failed")
-                and x["status"] == "True"]
-        if done:
-            break
-        time.sleep(1)
+
+    def ended() -> bool:
+        return any(x["type"] in ("Complete", "Failed") and x["status"] == "True"
+                   for x in c.get("trainjob", name, NS).get("status", {}).get("conditions", []))
+
+    with contextlib.suppress(AssertionError):  # not ended in time: the report says what stops it
+        eventually(ended, f"{name} complete or failed", timeout, every=1)
+    job = c.get("trainjob", name, NS)
     jobset = c.get("jobset", name, NS) or {}
     pods = pods_of(c, name)
     events = json.loads(c.kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name}",

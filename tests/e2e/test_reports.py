@@ -25,6 +25,17 @@ def audit(env, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+def reserved_env() -> dict:
+    return trainjob("reserved-env", namespace=NS, env=[{"name": "DISPATCH_X", "value": "1"}])
+
+
+def before_the_webhook(env, *docs: dict) -> None:
+    """`docs` created as if before the webhook was installed (its configurations away meanwhile)."""
+    with webhooks_swapped(env.cluster, [env.route1, env.route2], None):
+        for doc in docs:
+            env.cluster.apply(doc)
+
+
 @pytest.fixture(scope="module")
 def reports_env(env):
     c = env.cluster
@@ -33,11 +44,8 @@ def reports_env(env):
         c.kubectl("create", "namespace", ns)
     c.apply(runtime("reports-no-node", jobs={"worker": {"containers": [{"name": "trainer"}]}}))
     c.apply(trainjob("passes", namespace=NS))  # through the webhook: it gets its entry
-    with webhooks_swapped(c, [env.route1, env.route2], None):  # as if created before the webhook was installed
-        c.apply(trainjob("reserved-env", namespace=NS, env=[{"name": "DISPATCH_X", "value": "1"}]))
-        c.apply(trainjob("no-runtime", namespace=NS, runtime_name="not-there"))
-        c.apply(trainjob("no-entry", namespace=NS))
-        c.apply(trainjob("elsewhere", namespace=EMPTIED))
+    before_the_webhook(env, reserved_env(), trainjob("no-runtime", namespace=NS, runtime_name="not-there"),
+                       trainjob("no-entry", namespace=NS), trainjob("elsewhere", namespace=EMPTIED))
     yield env
     for ns in (NS, EMPTIED):
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -83,12 +91,16 @@ def test_a_rerun_replaces_the_reports_and_drops_those_of_emptied_namespaces(repo
     assert (EMPTIED, "dispatch-admission") in first
     c.kubectl("delete", "trainjob", "reserved-env", "-n", NS)
     c.kubectl("delete", "trainjob", "elsewhere", "-n", EMPTIED)
-    assert audit(reports_env).returncode == 1
-    second = reports_of(c)
-    assert [k for k in second if k[0] == NS] == [(NS, "dispatch-admission")], "replaced, never a second report"
-    assert second[(NS, "dispatch-admission")]["metadata"]["uid"] == first[(NS, "dispatch-admission")]["metadata"]["uid"]
-    assert second[(NS, "dispatch-admission")]["summary"]["fail"] == 2  # R2 and secret-missing
-    assert (EMPTIED, "dispatch-admission") not in second, "a namespace holding nothing any more loses its report"
+    try:
+        assert audit(reports_env).returncode == 1
+        second = reports_of(c)
+        assert [k for k in second if k[0] == NS] == [(NS, "dispatch-admission")], "replaced, never a second report"
+        assert second[(NS, "dispatch-admission")]["metadata"]["uid"] == \
+            first[(NS, "dispatch-admission")]["metadata"]["uid"]
+        assert second[(NS, "dispatch-admission")]["summary"]["fail"] == 2  # R2 and secret-missing
+        assert (EMPTIED, "dispatch-admission") not in second, "a namespace holding nothing any more loses its report"
+    finally:  # the fixture's objects back, for the tests that run after this one
+        before_the_webhook(reports_env, reserved_env(), trainjob("elsewhere", namespace=EMPTIED))
 
 
 def test_without_the_crds_audit_says_what_to_install(reports_env, tmp_path):

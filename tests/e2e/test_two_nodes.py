@@ -25,25 +25,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import image as image_mod
-from tests.e2e import toolchain
 from tests.e2e.cluster import LOGS
 from tests.e2e.install import (
-    CHART,
     FULL,
-    LOAD_NS,
-    RELEASE,
     RNS,
     Create,
     Installed,
     Load,
     delete_load,
+    install_release,
+    ready_for_release,
     summarise,
-    uninstall_leftovers,
-    webhook_values,
 )
 from tests.e2e.node import PLACES, Node, add_node
-from tests.e2e.node_env import NS, ensure_namespaces, kube, reset_workloads
+from tests.e2e.node_env import NS, kube
 from tests.e2e.registry import Registry
 from tests.e2e.test_verify import finish, start
 from tests.process import eventually
@@ -69,13 +64,9 @@ def mirrored(mirror: Registry, ref: str) -> None:
 def two(shared_node, tmp_path_factory):
     """The second node (pulling through the mirror), and the chart installed over both nodes."""
     nc = shared_node
-    nc.settle()
-    c = nc.cluster
     tmp = tmp_path_factory.mktemp("two-nodes")
-    ensure_namespaces(c, LOAD_NS)
     with contextlib.ExitStack() as stack:
-        stack.callback(reset_workloads, c, (NS, LOAD_NS))  # last: after the release and the second node are gone
-        webhook_image = image_mod.build_webhook_image(nc.registry)
+        webhook_image = ready_for_release(stack, nc)
         mirror = Registry.start(tmp / "mirror")
         stack.callback(mirror.stop)
         LOGS["registry (mirror)"] = mirror.log
@@ -86,19 +77,8 @@ def two(shared_node, tmp_path_factory):
         second.pull_from(nc.registry.host, mirror.host)
         print(f"\nsecond node {SECOND} Ready in {time.monotonic() - started:.0f}s")
         for node in (FIRST, SECOND):  # whatever a failed drain test left
-            stack.callback(c.kubectl, "uncordon", node, check=False)
-        inst = Installed(nc, c, nc.images, webhook_image, str(toolchain.helm_bin() / "helm"), tmp,
-                         webhook_values(nc.images, webhook_image))
-        stack.callback(uninstall_leftovers, inst)
-        started = time.monotonic()
-        got = inst.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
-                            "--timeout", "5m", values=inst.values, check=False)
-        if got.returncode != 0:
-            pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-            events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
-            raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}")
-        print(f"helm install --wait on two nodes: {time.monotonic() - started:.0f}s")
-        yield Two(inst, second, mirror)
+            stack.callback(nc.cluster.kubectl, "uncordon", node, check=False)
+        yield Two(install_release(stack, nc, tmp, webhook_image, timeout="5m"), second, mirror)
 
 
 def nodes_of(pods: list[dict]) -> list[str]:
@@ -202,9 +182,8 @@ def drain(two, node: str) -> tuple[subprocess.Popen, Path]:
     c = two.inst.cluster
     out = two.inst.tmp / f"drain-{node}-{time.monotonic_ns()}.log"
     with open(out, "wb") as f:
-        proc = subprocess.Popen([c.kubectl_bin, "--kubeconfig", c.kubeconfig, "drain", node, "--ignore-daemonsets",
-                                 "--delete-emptydir-data", "--timeout=300s"], stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = c.kubectl_follow("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s",
+                                out=f)
     return proc, out
 
 

@@ -63,3 +63,23 @@ def test_every_rule_is_killed_by_the_sweep():
     from webhook.core import registry
 
     assert ids == [r.id for r in registry.RULES], got.stdout
+
+
+def test_the_sweep_kills_a_test_only_rule_of_a_test_modules_registry():
+    """Issue 49: the toy hostPath rule R98 (tests/unit/test_toy_rule.py's REGISTRY) is killed by the sweep: its
+    marked test fails when the sweep switches it off there, as a registry rule's does."""
+    got = run(sys.executable, "-m", "tests.sweep", "--registry", "tests.unit.test_toy_rule", "R98", timeout=300)
+    lines = got.stdout.splitlines()
+    assert got.returncode == 0, got.stdout[-8000:] + got.stderr[-2000:]
+    assert lines[0] == "baseline: 1 marked tests pass with every rule on", got.stdout
+    assert lines[1].split() == ["R98", "killed:", "killed", "by", "tests/unit/test_toy_rule.py::"
+                                "test_a_runtime_rule_with_one_hook_is_enforced_counted_audited_documented_and_switched_off"]
+    assert lines[2].startswith("1 of 1 rules killed ("), got.stdout
+
+
+def test_the_sweep_refuses_a_rule_its_registry_does_not_hold():
+    got = run(sys.executable, "-m", "tests.sweep", "--registry", "tests.unit.test_toy_rule", "R97", timeout=60)
+    assert got.returncode == 2 and got.stderr.splitlines()[-1].endswith(
+        "error: no rule R97 in tests.unit.test_toy_rule"), got.stderr
+    got = run(sys.executable, "-m", "tests.sweep", "--registry", "tests.helpers", timeout=60)
+    assert got.returncode == 2 and "--registry: tests.helpers has no REGISTRY" in got.stderr, got.stderr

@@ -40,7 +40,7 @@ class Result(list):
             return
         released, gave_up, closed = (MARKS / f"{n}-{self.mark}" for n in ("released", "gave-up", "closed"))
         on = threading.current_thread().name  # the worker's loop runs on its main thread
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 20  # the served app's own loop (a child's program): the close() under test
         while not released.exists():
             if time.monotonic() > deadline:
                 gave_up.touch()

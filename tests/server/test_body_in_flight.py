@@ -187,7 +187,7 @@ def test_the_room_counts_bytes_received_and_comes_back_exactly(server, request):
     for _ in range(3):
         gone = connect(server, request)
         gone.sendall(head(len(body)) + body[:1000])
-        time.sleep(0.2)
+        time.sleep(0.2)  # a client that goes away mid-body, read for a moment first: not a wait
         gone.close()
     assert post_large(server, body).status_code == 200
     eventually(lambda: held(server) == 0, "nothing held")

@@ -276,7 +276,7 @@ def test_soak_memory_is_flat(serve, tmp_path):
     base, proc = server.url, server.process
     done, samples = 0, []
     warm_rss = None
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 300  # a bound on the soak's wrk runs, not a wait
     while done < target and time.monotonic() < deadline:
         out = subprocess.run([wrk, "-t2", "-c8", "-d5s", "-s", str(script), base + "/mutate"],
                              capture_output=True, text=True, check=True).stdout

@@ -9,9 +9,8 @@ import tracemalloc
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import runtime
+from tests.helpers import metric_table, runtime
 from webhook.core.runtimes import MAX_STORED_BYTES, Runtime
 from webhook.kube.reflector import ReadStats
 from webhook.kube.runtime_api import Page
@@ -102,7 +101,7 @@ def test_a_runtime_is_stored_in_at_most_its_bound(tmp_path):
     assert not Runtime.of(near).oversize and len(Runtime.of(near).to_bytes()) < MAX_STORED_BYTES + 4096
 
 
-def scrape(state: dict, synced=lambda kind: True) -> dict:
+def scrape(state: dict, synced=lambda kind: True) -> dict[tuple[str, tuple], float]:
     metrics.watch_runtime_cache(lambda: state, synced)
     try:
         registry = CollectorRegistry()
@@ -110,8 +109,7 @@ def scrape(state: dict, synced=lambda kind: True) -> dict:
         text = b"".join(metrics.generate_latest(metrics._Merged(registry)).splitlines(keepends=True)).decode()
     finally:
         metrics.watch_runtime_cache(None)
-    return {s.name: s for f in text_string_to_metric_families(text) for s in f.samples if not s.labels} | {
-        (s.name, tuple(sorted(s.labels.items()))): s for f in text_string_to_metric_families(text) for s in f.samples}
+    return metric_table(text)
 
 
 def test_the_keepers_state_is_exported_by_the_serving_container():
@@ -125,17 +123,17 @@ def test_the_keepers_state_is_exported_by_the_serving_container():
     state = stats.snapshot()
     state.update(starts=3, store_bytes=4096, not_held={f"{KIND}\x1fstore-full": 3})
     got = scrape(state, synced=lambda kind: kind == KIND)
-    assert got[("dispatch_admission_runtime_cache_size", (("kind", KIND),))].value == 12
-    assert got[("dispatch_admission_runtime_cache_synced", (("kind", KIND),))].value == 1
-    assert got[("dispatch_admission_runtime_cache_synced", (("kind", "TrainingRuntime"),))].value == 0
-    assert 29 < got[("dispatch_admission_runtime_cache_age_seconds", (("kind", KIND),))].value < 60
-    assert got["dispatch_admission_runtime_keeper_starts_total"].value == 3
+    assert got[("dispatch_admission_runtime_cache_size", (("kind", KIND),))] == 12
+    assert got[("dispatch_admission_runtime_cache_synced", (("kind", KIND),))] == 1
+    assert got[("dispatch_admission_runtime_cache_synced", (("kind", "TrainingRuntime"),))] == 0
+    assert 29 < got[("dispatch_admission_runtime_cache_age_seconds", (("kind", KIND),))] < 60
+    assert got["dispatch_admission_runtime_keeper_starts_total", ()] == 3
     assert got[("dispatch_admission_runtime_keeper_errors_total",
-                (("kind", KIND), ("operation", "list/watch")))].value == 1
-    assert got[("dispatch_admission_runtime_live_reads_total", (("outcome", "limited"),))].value == 1
-    assert got[("dispatch_admission_api_requests_total", (("kind", KIND), ("verb", "list")))].value == 1
-    assert got["dispatch_admission_runtime_store_bytes"].value == 4096
-    assert got[("dispatch_admission_runtimes_not_held", (("kind", KIND), ("reason", "store-full")))].value == 3
+                (("kind", KIND), ("operation", "list/watch")))] == 1
+    assert got[("dispatch_admission_runtime_live_reads_total", (("outcome", "limited"),))] == 1
+    assert got[("dispatch_admission_api_requests_total", (("kind", KIND), ("verb", "list")))] == 1
+    assert got["dispatch_admission_runtime_store_bytes", ()] == 4096
+    assert got[("dispatch_admission_runtimes_not_held", (("kind", KIND), ("reason", "store-full")))] == 3
 
 
 def test_counters_go_on_from_the_store_when_a_keeper_starts_again():

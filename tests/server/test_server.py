@@ -185,7 +185,7 @@ def test_certificate_rotation_without_failed_requests(serve, tmp_path):
     time.sleep(1)
     for _ in range(3):
         rotate_serving(cert_dir, ["localhost", "127.0.0.1"])
-        time.sleep(1.5)
+        time.sleep(1.5)  # rotations spaced under the load: not a wait
     try:
         eventually(lambda: _served_serial(base, ca) != before, "the renewed certificate served", 10, 0.5)
     finally:

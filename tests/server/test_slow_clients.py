@@ -126,7 +126,7 @@ def reviews(base: str, ca: str, seconds: float, clients: int = 4, every: float =
         headers = {"Content-Type": "application/json", **({"Connection": "close"} if fresh else {})}
         next_at = time.monotonic()
         while time.monotonic() < stop and not (until and until.is_set()):
-            time.sleep(max(0.0, next_at - time.monotonic()))
+            time.sleep(max(0.0, next_at - time.monotonic()))  # paced at `every` (each review timed): not a wait
             next_at += every
             t = time.monotonic()
             try:

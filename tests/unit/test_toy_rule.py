@@ -12,6 +12,10 @@ edit anywhere, is
 
 A second, R98 ("refuse hostPath volumes in node containers' runtime"), is one hook at `Point.RUNTIME_MOUNT`:
 the runtime's stored facts keep each container's mounts by volume name and each volume's source.
+
+Both live in this module's own `REGISTRY`, which tests/conftest.py honours like the registry's: the tests are
+marked for them, and the sweep kills them (`python -m tests.sweep --registry tests.unit.test_toy_rule R98`,
+tests/unit/test_sweep.py): a rule it switches off there is not registered by the tests.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import io
 import sys
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import ROOT, admission, answer, mutated, review, runtime, settings, stock_runtimes, trainjob
@@ -26,7 +31,7 @@ from webhook.commands.audit import Report
 from webhook.core import registry
 from webhook.core.admission import Admission, Enforcement
 from webhook.core.errors import ErrInvalid, ErrUnsupported
-from webhook.core.rule import Point, Rule, RuntimeMount, TrainerEnv
+from webhook.core.rule import Point, Registry, Rule, RuntimeMount, TrainerEnv
 from webhook.inspection import audit
 from webhook.process import metrics
 
@@ -54,11 +59,12 @@ def _job() -> dict:
     return job
 
 
+@pytest.mark.rules("R99")
 def test_a_toy_rule_registered_is_enforced_counted_audited_documented_and_switched_off():
     job = _job()
     assert answer(admission(), job, "validate")["allowed"], "allowed before the toy rule is registered"
-    with registry.DEFAULT.registered(TOY):
-        assert registry.DEFAULT.rule("R99") is TOY and registry.DEFAULT.rules[-1] is TOY
+    with registry.DEFAULT.registered(*in_force(TOY)):
+        assert registry.DEFAULT.by_id.get("R99") is TOY and registry.DEFAULT.rules[-1] is TOY
 
         # enforced by /validate, with its sentinel, field and id
         resp = answer(admission(), job, "validate")
@@ -143,12 +149,22 @@ def _host_path_runtimes():
     return rts
 
 
+# The toy rules' own registry (tests/conftest.py reads a module's REGISTRY): the sweep switches them off here.
+REGISTRY = Registry([TOY, HOST_PATH], registry.DEFAULT.malformed)
+
+
+def in_force(rule: Rule) -> tuple[Rule, ...]:
+    """`rule`, unless the sweep has switched it off in REGISTRY: what a test registers."""
+    return tuple(r for r in REGISTRY.in_force().rules if r is rule)
+
+
+@pytest.mark.rules("R98")
 def test_a_runtime_rule_with_one_hook_is_enforced_counted_audited_documented_and_switched_off():
     rts = _host_path_runtimes()
     job, fine = trainjob(runtime_name="host-node"), trainjob(runtime_name="host-sidecar")
     assert answer(admission(runtimes=rts), job, "validate")["allowed"] is False, "S5 first: the job lacks the entry"
     assert answer(admission(runtimes=rts), job)["allowed"], "allowed before the rule is registered"
-    with registry.DEFAULT.registered(HOST_PATH):
+    with registry.DEFAULT.registered(*in_force(HOST_PATH)):
         resp = answer(admission(runtimes=rts), job)
         assert not resp["allowed"] and resp["status"]["code"] == 403
         [cause] = resp["status"]["details"]["causes"]
