@@ -13,7 +13,11 @@ from ..core.runtimes import CLUSTER_KIND, GROUP, PLURALS, VERSION, Runtime, Runt
 from .reflector import Gone, ReadStats, slim
 
 WATCH_SECONDS = 240
-LIST_PAGE = 500  # items a list page asks for; a page is parsed item by item as it streams in
+LIST_PAGE = 500  # the most items a list page asks for; a page is parsed item by item as it streams in
+FIRST_PAGE = 50  # items the first page asks for, before the runtimes' size is known
+PAGE_BYTES = 4 * 1024 * 1024  # what a page should weigh: the API server must send it, and the keeper read and
+# store it, inside the API server's 60 s request timeout even on a starved node (500 runtimes at the byte cap are
+# 31 MB: on a loaded 2-core node such a page timed out, 2026-12-07)
 STREAM_CHUNK = 64 * 1024  # bytes read from a list answer at a time
 EDGE_BYTES = 64 * 1024  # the head and tail of a list answer kept to read its metadata (continue, resourceVersion)
 LIVE_READ_TIMEOUT = (2.0, 3.0)  # connect, read: well inside the API server's webhook timeout
@@ -31,24 +35,33 @@ class Listing:
         self.api, self.kind, self.version = api, kind, None
 
     def __iter__(self) -> Iterator[Runtime]:
-        token, version = None, ""
+        token, version, limit = None, "", FIRST_PAGE
         while True:
             self.api.stats.request("list", self.kind)
             kw: dict[str, Any] = {"_continue": token} if token else {}
-            answer = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=LIST_PAGE,
+            answer = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=limit,
                                                              _request_timeout=(5, 60), _preload_content=False, **kw)
-            page = Page(answer)
+            page, items = Page(answer), 0
             try:
                 for item in page:
+                    items += 1
                     yield slim(item, self.kind)
             finally:
                 answer.release_conn()
+            limit = next_limit(page.size, items)
             meta = page.metadata()
             version = meta.get("resourceVersion") or version
             token = meta.get("continue")
             if not token:
                 self.version = version
                 return
+
+
+def next_limit(page_bytes: int, items: int) -> int:
+    """Items the next page asks for so that it weighs about PAGE_BYTES, judged by the page just read."""
+    if not items:
+        return LIST_PAGE
+    return max(1, min(LIST_PAGE, PAGE_BYTES * items // max(page_bytes, 1)))
 
 
 class Page:
@@ -60,11 +73,13 @@ class Page:
         self.stream = stream
         self.head = bytearray()
         self.tail = b""
+        self.size = 0  # bytes read
 
     def read(self, size: int = -1) -> bytes:
         if size == 0:  # ijson asks for nothing first, to learn whether the stream gives bytes or text
             return b""
         data = self.stream.read(size if size > 0 else STREAM_CHUNK)
+        self.size += len(data)
         if len(self.head) < EDGE_BYTES:
             self.head += data[:EDGE_BYTES - len(self.head)]
         self.tail = (self.tail + data)[-EDGE_BYTES:]
