@@ -44,6 +44,7 @@ from .decision import (
     validation,
 )
 from .errors import RULE_INTERNAL, RULE_UNAVAILABLE, ErrInternal, ErrUnavailable, Reason, Reasons
+from .memos import Memos
 from .patch import Entry
 from .registry import DEFAULT, S4
 from .request import TRAINJOBS, metadata, names, runtime_inputs, target
@@ -54,7 +55,6 @@ from .runtime_warnings import runtime_review
 from .runtimes import (
     KINDS,
     PENDING,
-    Memos,
     Runtime,
     RuntimeFacts,
     RuntimeRef,

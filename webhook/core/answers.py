@@ -104,10 +104,10 @@ class Answers:
         response, outcome = result
         if outcome.reasons or outcome.would_deny:
             return
-        self.put(key, Kept(live, stamp if outcome.ops else "", read[0], read[1],
-                           {k: tuple(v) if k == "warnings" else v for k, v in response["response"].items()
-                            if k != "uid"}, outcome.ops,
-                           outcome.warnings))
+        kept: dict[str, Any] = {k: v for k, v in response["response"].items() if k != "uid"}
+        if "warnings" in kept:
+            kept["warnings"] = tuple(kept["warnings"])  # the caller's list is its own
+        self.put(key, Kept(live, stamp if outcome.ops else "", read[0], read[1], kept, outcome.ops, outcome.warnings))
 
     def get(self, key: bytes) -> Kept | None:
         return self._items.get(key)
