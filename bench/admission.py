@@ -226,14 +226,16 @@ def spaced(n: int, gap: float, verb: str) -> list[str]:
     sent alone after `gap` seconds idle, the two apps alternating; the mean latency of each and their ratio."""
     import base64
 
-    from tests.helpers import settings
+    from webhook.commands.files import load_runtimes, load_settings
     from webhook.core.admission import Admission
 
     tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-spaced-"))
     cert_dir = tmp / "certs"
     certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
     doc = review(trainjob(name="floor", namespace="bench", suspend=True))
-    answer = Admission(settings(ROUTE1), stock_runtimes()).review(doc, "mutate")[0]["response"]
+    runtimes = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
+    ours_settings = str(EXAMPLES / "settings" / "route1.json")  # the patch `serve` answers with them, as bench/cluster
+    answer = Admission(load_settings(ours_settings), load_runtimes(runtimes[1::2])).review(doc, "mutate")[0]["response"]
     (tmp / "our-patch.json").write_bytes(base64.b64decode(answer["patch"]))
     body = json.dumps(doc).encode()
     if verb == "validate":  # the object as our mutation left it, as the API server sends it to validate
@@ -241,10 +243,8 @@ def spaced(n: int, gap: float, verb: str) -> list[str]:
         doc = review(patch.apply(doc["request"]["object"], json.loads(base64.b64decode(answer["patch"]))))
         body = json.dumps(doc).encode()
     ours_port, base_port = free_port(), free_port()
-    runtimes = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
-    ours = start([sys.executable, "-m", "webhook", "serve", "--settings", str(EXAMPLES / "settings" / "route1.json"),
-                  "--cert-dir", str(cert_dir), "--bind", f"127.0.0.1:{ours_port}", *runtimes], tmp, "webhook",
-                 ours_port, cert_dir)
+    ours = start([sys.executable, "-m", "webhook", "serve", "--settings", ours_settings, "--cert-dir", str(cert_dir),
+                  "--bind", f"127.0.0.1:{ours_port}", *runtimes], tmp, "webhook", ours_port, cert_dir)
     try:
         baseline = start([sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir),
                           "--bind", f"127.0.0.1:{base_port}", "--patch", str(tmp / "our-patch.json")],
@@ -255,6 +255,8 @@ def spaced(n: int, gap: float, verb: str) -> list[str]:
     try:
         clients = {"ours": Client(ours_port, cert_dir / "ca.crt", f"/{verb}", body),
                    "floor": Client(base_port, cert_dir / "ca.crt", f"/{verb}", body)}
+        for name, client in clients.items():  # both admit it: neither answers a refusal
+            assert b'"allowed":true' in client.send(), f"{name} refused the {verb} review"
         times: dict[str, list[int]] = {"ours": [], "floor": []}
         for i in range(n + 200):  # the first 200 warm up (each worker of each app reached)
             for name in (("ours", "floor") if i % 2 else ("floor", "ours")):

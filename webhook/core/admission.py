@@ -190,7 +190,7 @@ class Admission:
                 return Reviewing.answered(kept)
         return Reviewing(self._review(req, verb, key))
 
-    def _keep(self, key: bytes, live: _Live, stamp: str, plan: Plan, lookups: dict[RuntimeRef, _Lookup],
+    def _keep(self, key: answers.Key, live: _Live, stamp: str, plan: Plan, lookups: dict[RuntimeRef, _Lookup],
               result: Result) -> None:
         """Keep an answer decided with one runtime read, the settings `live` throughout, outside any grace period
         and within one second (webhook.core.answers)."""
@@ -202,7 +202,7 @@ class Admission:
         if found.runtime is not None and not found.reasons:
             self.answers.keep(key, live, stamp, (ref, found.runtime), result)
 
-    def _review(self, req: AdmissionRequest, verb: Verb, key: bytes | None = None) -> Steps[Result]:
+    def _review(self, req: AdmissionRequest, verb: Verb, key: answers.Key | None = None) -> Steps[Result]:
         uid, operation = req["uid"], str(req.get("operation", ""))
         if target(req, (TRAINJOBS,)) is None:
             return build_response(uid, [], [], []), Outcome(uid=uid, verb=verb, operation=operation)

@@ -44,7 +44,10 @@ class Kept(NamedTuple):
     warnings: tuple[str, ...]
 
 
-def key(req: AdmissionRequest, verb: Verb) -> bytes | None:
+Key = tuple[Verb, str, bytes]  # (verb, namespace, spec as JSON text, keys sorted)
+
+
+def key(req: AdmissionRequest, verb: Verb) -> Key | None:
     """What the answer to a TrainJob CREATE is kept under, or None when it is not kept (see the module doc)."""
     obj = req.get("object")
     if obj.__class__ is not dict:
@@ -58,8 +61,7 @@ def key(req: AdmissionRequest, verb: Verb) -> bytes | None:
         return None
     if len(text) > KEY_LIMIT:
         return None
-    namespace = names(req, obj)[1]
-    return b"%s\0%s\0%s" % (verb.value.encode(), namespace.encode("utf-8", "surrogatepass"), text)
+    return verb, names(req, obj)[1], text
 
 
 class Answers:
@@ -67,13 +69,13 @@ class Answers:
 
     def __init__(self, entries: int = ENTRIES):
         self.entries = entries
-        self._items: dict[bytes, Kept] = {}
+        self._items: dict[Key, Kept] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def answer(self, key: bytes, req: AdmissionRequest, verb: Verb, live: object, runtimes: RuntimeSource,
+    def answer(self, key: Key, req: AdmissionRequest, verb: Verb, live: object, runtimes: RuntimeSource,
                stamp: Callable[[], str]) -> Result | None:
         """The answer kept under `key`, while the settings in use (`live`), the runtime and the admission time
         (`stamp()`) are those it was decided with; else None."""
@@ -90,15 +92,18 @@ class Answers:
         if kept.stamp and kept.stamp != stamp():
             return None
         uid = req["uid"]
-        name, namespace = names(req, req["object"])
+        meta = req["object"].get("metadata")
+        name = meta.get("name") if meta.__class__ is dict else None  # as request.names reads it
+        if name.__class__ is not str:
+            name = str(req.get("name") or "")
         response: Any = {"uid": uid, **kept.response}
         if "warnings" in response:
             response["warnings"] = list(response["warnings"])
-        outcome = Outcome(uid=uid, verb=verb, operation="CREATE", namespace=namespace, name=name, intercepted=True,
+        outcome = Outcome(uid=uid, verb=verb, operation="CREATE", namespace=key[1], name=name, intercepted=True,
                           ops=kept.ops, warnings=kept.warnings)
         return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}, outcome
 
-    def keep(self, key: bytes, live: object, stamp: str, read: tuple[RuntimeRef, Runtime], result: Result) -> None:
+    def keep(self, key: Key, live: object, stamp: str, read: tuple[RuntimeRef, Runtime], result: Result) -> None:
         """Keep `result` when it admits: decided with the settings `live`, the runtime `read` and the admission
         time `stamp`."""
         response, outcome = result
@@ -109,10 +114,10 @@ class Answers:
             kept["warnings"] = tuple(kept["warnings"])  # the caller's list is its own
         self.put(key, Kept(live, stamp if outcome.ops else "", read[0], read[1], kept, outcome.ops, outcome.warnings))
 
-    def get(self, key: bytes) -> Kept | None:
+    def get(self, key: Key) -> Kept | None:
         return self._items.get(key)
 
-    def put(self, key: bytes, kept: Kept) -> None:
+    def put(self, key: Key, kept: Kept) -> None:
         with self._lock:
             self._items.pop(key, None)
             while len(self._items) >= self.entries:
