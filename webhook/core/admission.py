@@ -178,16 +178,13 @@ class Admission:
         blocking (see `Reviewing`). Raises BadReview for a body that is not one."""
         if verb.__class__ is not Verb:
             verb = Verb(verb)
+        kept, key = self.answers.find(doc, verb, self._live, self.runtimes, self.clock.stamp)
+        if kept is not None:
+            return Reviewing.answered(kept)
         req = parse_review(doc)
         if verb is Verb.RUNTIMES:
             return Reviewing.answered(runtime_review(req, req["uid"], str(req.get("operation", "")), self.settings,
                                                      self.checks))
-        key = None
-        if req.get("operation") == "CREATE" and target(req, (TRAINJOBS,)) is not None:
-            key = answers.key(req, verb)
-            kept = self.answers.answer(key, req, verb, self._live, self.runtimes, self.clock.stamp) if key else None
-            if kept is not None:
-                return Reviewing.answered(kept)
         return Reviewing(self._review(req, verb, key))
 
     def _keep(self, key: answers.Key, live: _Live, stamp: str, plan: Plan, lookups: dict[RuntimeRef, _Lookup],

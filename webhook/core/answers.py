@@ -24,10 +24,11 @@ import orjson
 
 from .decision import Outcome, Verb
 from .request import names
-from .review import API_VERSION, AdmissionRequest
+from .review import API_VERSION
 from .reviewing import Result
-from .runtimes import Runtime, RuntimeRef, RuntimeSource, RuntimeUnavailable
+from .runtimes import GROUP, PLURALS, TRAINJOB_KIND, Runtime, RuntimeRef, RuntimeSource, RuntimeUnavailable
 
+TRAINJOBS = PLURALS[TRAINJOB_KIND]
 ENTRIES = 256      # answers kept, the oldest kept dropped first
 KEY_LIMIT = 4096   # a spec longer than this as JSON text is decided in full each time
 
@@ -47,23 +48,6 @@ class Kept(NamedTuple):
 Key = tuple[Verb, str, bytes]  # (verb, namespace, spec as JSON text, keys sorted)
 
 
-def key(req: AdmissionRequest, verb: Verb) -> Key | None:
-    """What the answer to a TrainJob CREATE is kept under, or None when it is not kept (see the module doc)."""
-    obj = req.get("object")
-    if obj.__class__ is not dict:
-        return None
-    spec = obj.get("spec")
-    if spec.__class__ is not dict:
-        return None
-    try:
-        text = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError):  # past 64-bit integers, lone surrogates, nested past 255
-        return None
-    if len(text) > KEY_LIMIT:
-        return None
-    return verb, names(req, obj)[1], text
-
-
 class Answers:
     """The kept answers: read without a lock (one dict read), written under one; at most `entries`."""
 
@@ -75,13 +59,40 @@ class Answers:
     def __len__(self) -> int:
         return len(self._items)
 
-    def answer(self, key: Key, req: AdmissionRequest, verb: Verb, live: object, runtimes: RuntimeSource,
-               stamp: Callable[[], str]) -> Result | None:
-        """The answer kept under `key`, while the settings in use (`live`), the runtime and the admission time
-        (`stamp()`) are those it was decided with; else None."""
+    def find(self, doc: Any, verb: Verb, live: object, runtimes: RuntimeSource,
+             stamp: Callable[[], str]) -> tuple[Result | None, Key | None]:
+        """(the answer kept for the review `doc`, the key it is kept under): the answer while the settings in use
+        (`live`), the runtime and the admission time (`stamp()`) are those it was decided with, else None; the
+        key for a TrainJob CREATE the API server's way (its `resource` named), else None. One function, read in
+        line: a review reaching an idle worker pays for each function and module it touches."""
+        req: Any = doc.get("request") if doc.__class__ is dict and verb is not Verb.RUNTIMES else None
+        if (req.__class__ is not dict or req.get("operation") != "CREATE" or req.get("subResource")
+                or doc.get("apiVersion") != API_VERSION or doc.get("kind") != "AdmissionReview"):
+            return None, None  # parse_review and request.target decide
+        res, uid, obj = req.get("resource"), req.get("uid"), req.get("object")
+        if (res.__class__ is not dict or res.get("group") != GROUP or res.get("resource") != TRAINJOBS
+                or uid.__class__ is not str or not uid or obj.__class__ is not dict):
+            return None, None
+        spec, meta = obj.get("spec"), obj.get("metadata")
+        if spec.__class__ is not dict or meta.__class__ is not dict:
+            return None, None
+        name, namespace = meta.get("name"), meta.get("namespace")
+        if name.__class__ is not str or namespace.__class__ is not str or not namespace:
+            name, namespace = names(req, obj)  # the metadata's, else the request's
+        try:
+            text = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+        except (TypeError, orjson.JSONEncodeError):  # past 64-bit integers, lone surrogates, nested past 255
+            return None, None
+        if len(text) > KEY_LIMIT:
+            return None, None
+        key = (verb, namespace, text)
         kept = self._items.get(key)
         if kept is None or kept.live is not live:
-            return None
+            return None, key
+        return self._answer(kept, uid, verb, name, namespace, runtimes, stamp), key
+
+    def _answer(self, kept: Kept, uid: str, verb: Verb, name: str, namespace: str,
+                runtimes: RuntimeSource, stamp: Callable[[], str]) -> Result | None:
         ref = kept.ref
         try:
             runtime = runtimes.get(ref.kind, ref.namespace, ref.name)
@@ -91,15 +102,10 @@ class Answers:
             return None
         if kept.stamp and kept.stamp != stamp():
             return None
-        uid = req["uid"]
-        meta = req["object"].get("metadata")
-        name = meta.get("name") if meta.__class__ is dict else None  # as request.names reads it
-        if name.__class__ is not str:
-            name = str(req.get("name") or "")
         response: Any = {"uid": uid, **kept.response}
         if "warnings" in response:
             response["warnings"] = list(response["warnings"])
-        outcome = Outcome(uid=uid, verb=verb, operation="CREATE", namespace=key[1], name=name, intercepted=True,
+        outcome = Outcome(uid=uid, verb=verb, operation="CREATE", namespace=namespace, name=name, intercepted=True,
                           ops=kept.ops, warnings=kept.warnings)
         return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}, outcome
 

@@ -4,6 +4,7 @@ group targets, the object's name and namespace, and what the runtime rules read 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .review import AdmissionRequest
@@ -19,7 +20,7 @@ def metadata(obj: object) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def names(req: AdmissionRequest, obj: dict[str, Any]) -> tuple[str, str]:
+def names(req: Mapping[str, object], obj: dict[str, Any]) -> tuple[str, str]:
     """The TrainJob's name and namespace: its metadata's, else the request's."""
     meta = metadata(obj)
     name = meta.get("name")
