@@ -191,6 +191,90 @@ def server_table(seconds: int, levels: list[int]) -> list[str]:
     return rows
 
 
+# ---- one review at a time, with idle gaps: the API server at concurrency 1 ----
+
+class Client:
+    """One kept-alive TLS connection sending one request at a time, as little client code as can be: the request's
+    bytes made once, the answer read to its Content-Length."""
+
+    def __init__(self, port: int, ca: Path, path: str, body: bytes):
+        import socket
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(ca))
+        self.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def send(self) -> bytes:
+        self.sock.sendall(self.request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            body += self.sock.recv(65536)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"bench: answered {head[:40]!r}")
+        return body
+
+
+def spaced(n: int, gap: float, verb: str) -> list[str]:
+    """Ours (`serve`, route 1, the stock runtimes) and bench/baseline.py --patch (answering our patch), each review
+    sent alone after `gap` seconds idle, the two apps alternating; the mean latency of each and their ratio."""
+    import base64
+
+    from webhook.commands.files import load_runtimes, load_settings
+    from webhook.core.admission import Admission
+
+    tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-spaced-"))
+    cert_dir = tmp / "certs"
+    certs.write_dev_pair(cert_dir, ["localhost", "127.0.0.1"])
+    doc = review(trainjob(name="floor", namespace="bench", suspend=True))
+    runtimes = [a for p in sorted((EXAMPLES / "runtimes").glob("*.yaml")) for a in ("--runtime", str(p))]
+    ours_settings = str(EXAMPLES / "settings" / "route1.json")  # the patch `serve` answers with them, as bench/cluster
+    answer = Admission(load_settings(ours_settings), load_runtimes(runtimes[1::2])).review(doc, "mutate")[0]["response"]
+    (tmp / "our-patch.json").write_bytes(base64.b64decode(answer["patch"]))
+    body = json.dumps(doc).encode()
+    if verb == "validate":  # the object as our mutation left it, as the API server sends it to validate
+        from webhook.core import patch
+        doc = review(patch.apply(doc["request"]["object"], json.loads(base64.b64decode(answer["patch"]))))
+        body = json.dumps(doc).encode()
+    ours_port, base_port = free_port(), free_port()
+    ours = start([sys.executable, "-m", "webhook", "serve", "--settings", ours_settings, "--cert-dir", str(cert_dir),
+                  "--bind", f"127.0.0.1:{ours_port}", *runtimes], tmp, "webhook", ours_port, cert_dir)
+    try:
+        baseline = start([sys.executable, str(ROOT / "bench" / "baseline.py"), "--cert-dir", str(cert_dir),
+                          "--bind", f"127.0.0.1:{base_port}", "--patch", str(tmp / "our-patch.json")],
+                         tmp, "baseline", base_port, cert_dir)
+    except BaseException:
+        stop(ours)
+        raise
+    try:
+        clients = {"ours": Client(ours_port, cert_dir / "ca.crt", f"/{verb}", body),
+                   "floor": Client(base_port, cert_dir / "ca.crt", f"/{verb}", body)}
+        for name, client in clients.items():  # both admit it: neither answers a refusal
+            assert b'"allowed":true' in client.send(), f"{name} refused the {verb} review"
+        times: dict[str, list[int]] = {"ours": [], "floor": []}
+        for i in range(n + 200):  # the first 200 warm up (each worker of each app reached)
+            for name in (("ours", "floor") if i % 2 else ("floor", "ours")):
+                time.sleep(gap)
+                t = time.perf_counter_ns()
+                clients[name].send()
+                if i >= 200:
+                    times[name].append(time.perf_counter_ns() - t)
+    finally:
+        stop(ours)
+        stop(baseline)
+    mean = {k: statistics.fmean(v) / 1000 for k, v in times.items()}
+    p50 = {k: statistics.median(v) / 1000 for k, v in times.items()}
+    return [f"| {verb} | {n:,} | {gap * 1000:g} | {mean['ours']:.0f} | {mean['floor']:.0f} | "
+            f"**{mean['ours'] / mean['floor']:.2f}×** | {p50['ours']:.0f} | {p50['floor']:.0f} | "
+            f"{p50['ours'] / p50['floor']:.2f}× |"]
+
+
 # ---- API calls per review, against the end-to-end API server ----
 
 def api_calls(reviews: int) -> list[str]:
@@ -237,7 +321,18 @@ def main() -> int:
     p.add_argument("--skip-core", action="store_true")
     p.add_argument("--levels", default="2,8,64", help="wrk connection counts")
     p.add_argument("--skip-api", action="store_true", help="skip the API-call count (it starts kube-apiserver)")
+    p.add_argument("--spaced", type=int, metavar="N", default=0,
+                   help="only: N reviews one at a time with --gap ms idle before each, ours against bench/baseline.py"
+                        " --patch, alternating (as the API server sends them at concurrency 1)")
+    p.add_argument("--gap", type=float, default=2.0, help="--spaced: ms idle before each review (default 2)")
     args = p.parse_args()
+    if args.spaced:
+        print(f"# one review at a time, {time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.2f}\n")
+        print("| path | reviews each | gap ms | ours mean µs | floor mean µs | ours / floor (mean) | ours p50 µs "
+              "| floor p50 µs | ours / floor (p50) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for verb in ("mutate", "validate"):
+            print("\n".join(spaced(args.spaced, args.gap / 1000, verb)))
+        return 0
     seconds = args.seconds or (3 if args.quick else 8)
     print(f"# dispatch-admission benchmark, {time.strftime('%Y-%m-%d')}, {platform.machine()},"
           f" {os.cpu_count()} cores, Python {platform.python_version()}\n")

@@ -28,7 +28,8 @@ import yaml
 from tests.helpers import eventually, metric_series, review, runtime, trainjob
 from tests.tls import read_response, tls_socket
 from webhook.serving.codec import parsed_bound
-from webhook.serving.connection import HEAD_SLICE, IN_FLIGHT, WRITE_HIGH
+from webhook.serving.connection import WRITE_HIGH
+from webhook.serving.framing import HEAD_SLICE, IN_FLIGHT
 from webhook.serving.room import ANSWER
 
 DEADLINE = 4.0

@@ -4,7 +4,8 @@ runtime's key and resourceVersion for the settings in use, bounded in entries an
 import dataclasses
 
 from tests.helpers import admission, runtime
-from webhook.core.runtimes import Memos, Runtime
+from webhook.core.memos import Memos
+from webhook.core.runtimes import Runtime
 
 
 def taken(name: str, version: str = "1", **kw) -> Runtime:

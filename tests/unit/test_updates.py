@@ -302,3 +302,17 @@ def test_an_s4_refusal_stands_when_the_settings_cannot_be_read_again():
     adm = adm_with(Runtimes(torch_rt()), refresh=lambda: None)
     resp = answer(adm, entry_from({"publish": {"image": OTHER_IMAGE}}), "validate")
     assert resp["allowed"] is False and fields(resp) == ["spec.runtimePatches[0]"]
+
+
+def test_a_review_is_planned_once_also_when_the_settings_are_read_again_before_an_s4_refusal():
+    newer = settings({"publish": {"image": OTHER_IMAGE}})
+    calls = []
+    adm = adm_with(Runtimes(torch_rt()), refresh=lambda: calls.append(1) or newer)
+    reviews = [(entry_from({"publish": {"image": OTHER_IMAGE}}), "validate"),  # S4 under the old settings: read
+               (entry_from({"publish": {"image": "registry.example/evil@sha256:" + "e" * 64}}), "validate"),  # refused
+               (trainjob(), "mutate"), (trainjob(), "validate")]
+    for obj, verb in reviews:
+        before = adm.plans
+        answer(adm, obj, verb)
+        assert adm.plans - before == 1, (obj, verb)
+    assert calls == [1, 1] and adm.settings == newer

@@ -12,18 +12,20 @@ entry stays acceptable on CREATE for a grace period, and an S4 refusal is preced
 A review is a `Reviewing`: it runs until it is answered or until it needs a read that would block where its
 caller forbade blocking (a runtime the source answers `PENDING` for, the settings read again); then `finish()`,
 called where blocking is allowed, makes that read and the review goes on from where it waited. `review()` is both.
+A CREATE that admits is kept (webhook.core.answers): the same spec in the same namespace, with the same settings,
+runtime and admission time, is answered from it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from functools import lru_cache, partial
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
-from . import patch, rules
+from . import answers, patch, rules
 from .decision import (
     MUTATE,
     RUNTIMES,
@@ -42,17 +44,17 @@ from .decision import (
     validation,
 )
 from .errors import RULE_INTERNAL, RULE_UNAVAILABLE, ErrInternal, ErrUnavailable, Reason, Reasons
+from .memos import Memos
 from .patch import Entry
 from .registry import DEFAULT, S4
-from .review import AdmissionRequest, AdmissionReview, BadReview, build_response, parse_review, short_text
-from .rule import Checks, Lookup, Point, Registry
+from .request import TRAINJOBS, metadata, names, runtime_inputs, target
+from .review import AdmissionRequest, BadReview, build_response, parse_review
+from .reviewing import Result, Reviewing, Steps, guarded, guarded_steps
+from .rule import Lookup, OwnEntry, Point, Registry
+from .runtime_warnings import runtime_review
 from .runtimes import (
-    GROUP,
     KINDS,
     PENDING,
-    PLURALS,
-    TRAINJOB_KIND,
-    Memos,
     Runtime,
     RuntimeFacts,
     RuntimeRef,
@@ -63,14 +65,6 @@ from .runtimes import (
 from .settings import Settings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")  # what a guarded check returns
-Read = Callable[[], Any]  # a read a review waits for (it may block): its result is where the review goes on
-Steps = Generator[Read, Any, T]  # a review's work, yielding each read that would block
-Result = tuple[AdmissionReview, Outcome]
-
-TRAINJOBS = PLURALS[TRAINJOB_KIND]
-RUNTIME_RESOURCES = {PLURALS[kind]: kind for kind in KINDS}  # resource -> kind
-BY_KIND = {kind: resource for resource, kind in {TRAINJOBS: TRAINJOB_KIND, **RUNTIME_RESOURCES}.items()}
 
 
 # The settings a replica switched away from stay acceptable on CREATE this long by default (SPEC 2.1); it is
@@ -78,105 +72,10 @@ BY_KIND = {kind: resource for resource, kind in {TRAINJOBS: TRAINJOB_KIND, **RUN
 PREVIOUS_SETTINGS_GRACE = 600.0
 
 
-# ---- reading a review ----
-
-
-def _meta(obj: object) -> dict[str, Any]:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
-def _runtime_inputs(spec: dict[str, Any]) -> tuple[Any, ...]:
-    """What the runtime rules (R1 to R8) read of a TrainJob (SPEC 6.3): an update that changes none of it
-    never reads the runtime."""
-    trainer = spec.get("trainer")
-    trainer = trainer if isinstance(trainer, dict) else {}
-    patches = spec.get("runtimePatches")
-    return (spec.get("runtimeRef"), trainer.get("numProcPerNode"), trainer.get("env"),
-            len(patches) if isinstance(patches, list) else patches)
-
-
-def _target(req: AdmissionRequest, resources: tuple[str, ...]) -> str | None:
-    """The resource a CREATE or UPDATE of a main resource of Trainer's group is for, else None."""
-    if req.get("operation") not in ("CREATE", "UPDATE") or req.get("subResource"):
-        return None
-    res = req.get("resource")
-    if isinstance(res, dict) and res:
-        return res.get("resource") if res.get("group") == GROUP and res.get("resource") in resources else None
-    kind = req.get("kind")
-    if isinstance(kind, dict) and kind.get("group") == GROUP:
-        kind_name: Any = kind.get("kind")  # any JSON value: one not in BY_KIND finds nothing
-        found = BY_KIND.get(kind_name)
-        return found if found in resources else None
-    return None
-
-
-def _guarded(checks: Checks, reasons: Reasons, check: Callable[..., T], *args: Any) -> T | None:
-    """Run one phase of the checks; a fault in it becomes a reason beside those found before it (SPEC 4)."""
-    try:
-        return check(*args)
-    except RecursionError:
-        rules.too_deep(reasons, checks)
-    except Exception:
-        _internal(reasons)
-    return None
-
-
-def _guarded_steps(checks: Checks, reasons: Reasons, check: Callable[..., Steps[T]], *args: Any) -> Steps[T | None]:
-    """`_guarded` for a phase that may wait for a read."""
-    try:
-        return (yield from check(*args))
-    except RecursionError:
-        rules.too_deep(reasons, checks)
-    except Exception:
-        _internal(reasons)
-    return None
-
-
-def _internal(reasons: Reasons) -> None:
-    log.exception("internal error while checking")
-    reasons.add(ErrInternal, "(webhook)", "internal error in dispatch-admission; see its log for this review",
-                RULE_INTERNAL)
-
-
 def _decided_size(decided: Decided) -> int:
     """What a Decided holds past the entries (shared by every runtime with the same targets), in bytes, roughly."""
     return 512 + sum(utf8_size(t) + 64 for t in decided.facts.targets) + sum(
         utf8_size(r.text) + utf8_size(r.field) + 128 for r in decided.facts.reasons)
-
-
-def _refuses_s4(decision: Decision) -> bool:
-    return any(r.rule == S4.id for r in decision.reasons)
-
-
-class Reviewing(Generic[T]):
-    """One review under way: `result` once answered; else `read`, what it waits for. `finish()`, where blocking is
-    allowed, makes each read it waits for and goes on from there to its answer."""
-
-    __slots__ = ("_steps", "read", "result")
-
-    def __init__(self, steps: Steps[T]):
-        self._steps = steps
-        self.read: Read | None = None
-        self.result: T | None = None
-        self._go(steps.send, None)
-
-    def _go(self, step: Callable[[Any], Read], value: Any) -> None:
-        try:
-            self.read = step(value)
-        except StopIteration as done:
-            self.read, self.result = None, done.value
-
-    def finish(self) -> T:
-        while (read := self.read) is not None:
-            try:
-                value = read()
-            except Exception as e:  # the review takes the read's fault where it asked for it
-                self._go(self._steps.throw, e)
-            else:
-                self._go(self._steps.send, value)
-        assert self.result is not None
-        return self.result
 
 
 class _Live(NamedTuple):
@@ -234,6 +133,8 @@ class Admission:
         self._live = _Live(settings, None, 0.0)
         # What the rules decided of each runtime read, for the settings in use (`_live`, replaced whole on a switch).
         self.memos: Memos[Decided] = Memos(_decided_size)
+        self.plans = 0  # reviews planned: one plan per review at most
+        self.answers = answers.Answers()  # the admitting answers of CREATEs that repeat (webhook.core.answers)
 
     @property
     def settings(self) -> Settings:
@@ -270,34 +171,52 @@ class Admission:
 
     def review(self, doc: Any, verb: Verb | str) -> Result:
         """Answer one AdmissionReview, making any read it needs. Raises BadReview for a body that is not one."""
-        return Reviewing(self._review(doc, verb)).finish()
+        return self.begin(doc, verb).finish()
 
     def begin(self, doc: Any, verb: Verb | str) -> Reviewing[Result]:
         """Answer one AdmissionReview as far as it goes without a read that would block where the caller forbids
         blocking (see `Reviewing`). Raises BadReview for a body that is not one."""
-        return Reviewing(self._review(doc, verb))
-
-    def _review(self, doc: Any, verb: Verb | str) -> Steps[Result]:
         if verb.__class__ is not Verb:
             verb = Verb(verb)
+        kept, key = self.answers.find(doc, verb, self._live, self.runtimes, self.clock.stamp)
+        if kept is not None:
+            return Reviewing.answered(kept)
         req = parse_review(doc)
-        uid, operation = req["uid"], str(req.get("operation", ""))
         if verb is Verb.RUNTIMES:
-            return self._review_runtime(req, uid, operation)
-        if _target(req, (TRAINJOBS,)) is None:
+            return Reviewing.answered(runtime_review(req, req["uid"], str(req.get("operation", "")), self.settings,
+                                                     self.checks))
+        return Reviewing(self._review(req, verb, key))
+
+    def _keep(self, key: answers.Key, live: _Live, stamp: str, plan: Plan, lookups: dict[RuntimeRef, _Lookup],
+              result: Result) -> None:
+        """Keep an answer decided with one runtime read, the settings `live` throughout, outside any grace period
+        and within one second (webhook.core.answers)."""
+        if (len(lookups) != 1 or self._live is not live or plan.stage is not Stage.CREATE
+                or plan.settings is not live.settings or stamp != self.clock.stamp()
+                or (live.previous is not None and self.monotonic() < live.previous_until)):
+            return
+        (ref, found), = lookups.items()
+        if found.runtime is not None and not found.reasons:
+            self.answers.keep(key, live, stamp, (ref, found.runtime), result)
+
+    def _review(self, req: AdmissionRequest, verb: Verb, key: answers.Key | None = None) -> Steps[Result]:
+        uid, operation = req["uid"], str(req.get("operation", ""))
+        if target(req, (TRAINJOBS,)) is None:
             return build_response(uid, [], [], []), Outcome(uid=uid, verb=verb, operation=operation)
         name = namespace = ""
+        lookups: dict[RuntimeRef, _Lookup] = {}  # one read per runtime named, shared by everything the review does
+        plan = None
         try:
-            plan = yield from self._plan(req)
+            refresh = self.refresh  # before an S4 refusal: the settings read once more (SPEC 2.1)
+            if verb is Verb.VALIDATE and operation == "CREATE" and refresh and (yield from self._s4(req, lookups)):
+                fresh = yield refresh
+                if fresh is not None:
+                    self.switch(fresh)  # then the one plan is made with them
+            live, stamp = self._live, self.clock.stamp() if key is not None else ""
+            plan = yield from self._plan(req, lookups)
             name, namespace = plan.name, plan.namespace
             warn = self.enforcement is Enforcement.WARN
             decision = mutation(plan) if verb is Verb.MUTATE else validation(plan, warn=warn)
-            refresh = self.refresh  # before an S4 refusal: the settings read once more (SPEC 2.1)
-            if verb is Verb.VALIDATE and plan.stage is Stage.CREATE and refresh and _refuses_s4(decision):
-                fresh = yield refresh
-                if fresh is not None and self.switch(fresh):
-                    plan = yield from self._plan(req)  # the settings changed: judged again with them
-                    decision = validation(plan, warn=warn)
         except BadReview:
             raise
         except RecursionError:  # an object nested deeper than can be compared: the sender's fault
@@ -313,13 +232,41 @@ class Admission:
                           namespace=namespace or str(req.get("namespace") or ""), name=name, intercepted=True,
                           reasons=decision.reasons, ops=decision.ops, warnings=unique(decision.warnings),
                           would_deny=would_deny)
-        return build_response(uid, list(outcome.reasons), outcome.ops, list(outcome.warnings), name), outcome
+        result = build_response(uid, list(outcome.reasons), outcome.ops, list(outcome.warnings), name), outcome
+        if key is not None and plan is not None:
+            self._keep(key, live, stamp, plan, lookups, result)
+        return result
+
+    def _s4(self, req: AdmissionRequest, lookups: dict[RuntimeRef, _Lookup]) -> Steps[bool]:
+        """Whether S4 refuses the entry a CREATE holds under the settings in use (its hooks asked of that entry
+        alone): then they are read once more before the review is planned (SPEC 2.1). A fault here is the
+        plan's to find."""
+        live = self._live
+        obj = req.get("object")
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        try:
+            own = rules.find_own(spec, live.settings.manager)
+            if own is None or not isinstance(obj, dict) or not isinstance(spec, dict):
+                return False
+            entry = previous = None
+            ref = rules.runtime_ref(spec, names(req, obj)[1], Reasons(), self.checks)
+            found = (yield from self._lookup(ref, lookups)) if ref is not None else None
+            if found is not None and found.runtime is not None:
+                decided = self._decided(live, found.runtime)
+                entry = decided.entry
+                previous = decided.previous if self.monotonic() < live.previous_until else None
+            reasons = Reasons()
+            self.checks.call(Point.OWN_ENTRY, OwnEntry(live.settings, reasons, own, entry, previous, True, True))
+        except Exception:
+            return False
+        return any(r.rule == S4.id for r in reasons)
 
     def plan(self, req: AdmissionRequest) -> Plan:
         """Read a TrainJob review once: its stage, its entries, the computed entry, every reason."""
         return Reviewing(self._plan(req)).finish()
 
-    def _plan(self, req: AdmissionRequest) -> Steps[Plan]:
+    def _plan(self, req: AdmissionRequest, lookups: dict[RuntimeRef, _Lookup] | None = None) -> Steps[Plan]:
+        self.plans += 1
         operation = str(req.get("operation", ""))
         obj = req.get("object")
         if not isinstance(obj, dict):
@@ -327,19 +274,14 @@ class Admission:
         old = req.get("oldObject") if operation == "UPDATE" else None
         if operation == "UPDATE" and not isinstance(old, dict):
             raise BadReview("request.oldObject must be an object for UPDATE")
-        meta = _meta(obj)
-        name = meta.get("name")
-        if not isinstance(name, str):
-            name = str(req.get("name") or "")
-        namespace = meta.get("namespace")
-        if not (isinstance(namespace, str) and namespace):
-            namespace = str(req.get("namespace") or "")
+        name, namespace = names(req, obj)
         live = self._live
-        if old is not None and (meta.get("deletionTimestamp") or _meta(old).get("deletionTimestamp")):
+        if old is not None and (metadata(obj).get("deletionTimestamp") or metadata(old).get("deletionTimestamp")):
             return Plan(operation=operation, namespace=namespace, name=name, stage=Stage.DELETING,
                         settings=live.settings, checks=self.checks)
         if old is None:
-            return (yield from self._plan_create(live, operation, namespace, name, obj))
+            lookups = {} if lookups is None else lookups
+            return (yield from self._plan_create(live, operation, namespace, name, obj, lookups))
         return (yield from self._plan_update(live, operation, namespace, name, obj, old))
 
     def _spec(self, obj: dict[str, Any], reasons: Reasons) -> tuple[Any, dict[str, Any]]:
@@ -350,14 +292,14 @@ class Admission:
         return value, rules.Walk(reasons, self.checks).obj(value, "spec") or {}
 
     def _plan_create(self, live: _Live, operation: str, namespace: str, name: str,
-                     obj: dict[str, Any]) -> Steps[Plan]:
+                     obj: dict[str, Any], lookups: dict[RuntimeRef, _Lookup]) -> Steps[Plan]:
         settings = live.settings
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
+        found = guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
         runtime_reasons = Reasons()
-        got = yield from _guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
-                                        found.env, reasons, runtime_reasons, {})
+        got = yield from guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
+                                        found.env, reasons, runtime_reasons, lookups)
         entry, previous = got if got else (None, None)
         reasons.extend(runtime_reasons)
         if previous is not None and self.monotonic() >= live.previous_until:
@@ -385,20 +327,20 @@ class Admission:
                         clock=self.clock.stamp)
         reasons = Reasons()
         spec_value, spec = self._spec(obj, reasons)
-        found = _guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
+        found = guarded(self.checks, reasons, rules.scan, spec, settings, reasons, self.checks) or rules.NO_SCAN
         before = Reasons()
         self._spec(old, before)
-        old_found = _guarded(self.checks, before, rules.scan, old_spec, settings, before, self.checks) or rules.NO_SCAN
+        old_found = guarded(self.checks, before, rules.scan, old_spec, settings, before, self.checks) or rules.NO_SCAN
         runtime_reasons = Reasons()
         entry = None
-        if _runtime_inputs(spec) != _runtime_inputs(old_spec) or (found.own is not None and old_own is None):
+        if runtime_inputs(spec) != runtime_inputs(old_spec) or (found.own is not None and old_own is None):
             lookups: dict[RuntimeRef, _Lookup] = {}  # one read per runtime named, shared by both objects
-            got = yield from _guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
+            got = yield from guarded_steps(self.checks, runtime_reasons, self._runtime_rules, live, spec, namespace,
                                             found.env, reasons, runtime_reasons, lookups)
             entry = got[0] if got else None
             reasons.extend(runtime_reasons)
             old_runtime = Reasons()
-            yield from _guarded_steps(self.checks, old_runtime, self._runtime_rules, live, old_spec, namespace,
+            yield from guarded_steps(self.checks, old_runtime, self._runtime_rules, live, old_spec, namespace,
                                       old_found.env, before, old_runtime, lookups)
             before.extend(old_runtime)
         new = ratchet(reasons, spec, before, old_spec)
@@ -444,31 +386,6 @@ class Admission:
         runtime_reasons.extend(decided.facts.reasons)
         rules.trainjob_runtime_rules(spec, ref, decided.facts, env, reasons, live.settings, self.checks)
         return decided.entry, decided.previous
-
-    # ---- runtime warnings (SPEC 8.3) ----
-
-    def _review_runtime(self, req: AdmissionRequest, uid: str, operation: str) -> Result:
-        """Always allowed; with publish or credentials configured, one warning per R3, R4 or R5 reason."""
-        resource = _target(req, tuple(RUNTIME_RESOURCES))
-        obj = req.get("object")
-        if resource is None or not isinstance(obj, dict):
-            return build_response(uid, [], [], []), Outcome(uid=uid, verb=Verb.RUNTIMES, operation=operation)
-        meta = _meta(obj)
-        name = str(meta.get("name") or req.get("name") or "")
-        namespace = str(meta.get("namespace") or req.get("namespace") or "")
-        warnings: tuple[str, ...] = ()
-        settings = self.settings
-        if settings.configured:
-            # Judged as the kind the request is for, whatever the object says.
-            runtime = Runtime.of({**obj, "kind": RUNTIME_RESOURCES[resource],
-                                   "metadata": {**meta, "name": name, "namespace": namespace}})
-            facts = rules.runtime_facts(runtime, settings, self.checks)
-            what = f"{runtime}: "
-            warnings = tuple(f"{r.rule}: TrainJobs on this runtime will be refused: "
-                             f"{short_text(r.text.removeprefix(what))}" for r in facts.reasons)
-        outcome = Outcome(uid=uid, verb=Verb.RUNTIMES, operation=operation, namespace=namespace, name=name,
-                          intercepted=True, warnings=warnings)
-        return build_response(uid, [], [], list(warnings), name, kind=RUNTIME_RESOURCES[resource]), outcome
 
 
 __all__ = ["Admission", "Decision", "Enforcement", "Outcome", "Plan", "Stage", "Verb", "MUTATE", "VALIDATE", "RUNTIMES",

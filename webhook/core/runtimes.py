@@ -13,7 +13,7 @@ mount paths. Nothing else of the object is kept (images,
 commands, env, resources and managedFields are most of it), so a cache of 10,000 runtimes is small, and
 what is kept of one runtime is bounded by counts and bytes (MAX_JOBS, MAX_NAMES, MAX_STORED_BYTES): a
 runtime past them is kept as too large to check. What the rules decide of it for given settings
-(`rules.runtime_facts`, the entry) is worked out once per settings and kept in `Memos`, which the
+(`rules.runtime_facts`, the entry) is worked out once per settings and kept in `memos.Memos`, which the
 `Admission` owns.
 """
 
@@ -24,9 +24,9 @@ import enum
 import marshal
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol
 
 from . import paths
 from .errors import Reason
@@ -356,47 +356,6 @@ class RuntimeIndex:
             items.update(fresh)
             self._items = items
         return len(fresh)
-
-
-# What an Admission keeps of what the rules decided of runtimes (issue 49): one entry per runtime and
-# resourceVersion, for the settings in use; bounded in entries and in bytes (the runtime held and what was decided).
-MEMO_ENTRIES = 4096
-MEMO_BYTES = 32 << 20
-T = TypeVar("T")
-
-
-class Memos(Generic[T]):
-    """What was decided of a runtime for one `token` (the settings and rules in force), kept by the runtime's key
-    and resourceVersion: at most `entries` of them and `size` bytes (the runtime's stored form and `sizeof` of
-    what was decided), the oldest written dropped first. Read without a lock (one dict read); written under one."""
-
-    def __init__(self, sizeof: Callable[[T], int], entries: int = MEMO_ENTRIES, size: int = MEMO_BYTES):
-        self.sizeof, self.entries, self.size = sizeof, entries, size
-        self._items: dict[tuple[Key, str], tuple[Runtime, object, T, int]] = {}
-        self._lock = threading.Lock()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, runtime: Runtime, token: object) -> T | None:
-        hit = self._items.get((runtime.key, runtime.version))
-        if hit is not None and hit[1] is token and (hit[0] is runtime or hit[0] == runtime):
-            return hit[2]
-        return None
-
-    def put(self, runtime: Runtime, token: object, value: T) -> None:
-        k, n = (runtime.key, runtime.version), len(runtime.to_bytes()) + self.sizeof(value)
-        with self._lock:
-            old = self._items.pop(k, None)
-            if old is not None:
-                self.bytes -= old[3]
-            if n > self.size:
-                return  # larger than the whole memo: decided again each time
-            while self._items and (len(self._items) >= self.entries or self.bytes + n > self.size):
-                self.bytes -= self._items.pop(next(iter(self._items)))[3]
-            self._items[k] = (runtime, token, value, n)
-            self.bytes += n
 
 
 # ---- what a TrainJob names and what a runtime decides (the rules make them; the registry's hooks read them) ----

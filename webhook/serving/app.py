@@ -25,12 +25,11 @@ from ..core.admission import (
     Admission,
     BadReview,
     Enforcement,
-    Result,
-    Reviewing,
     Verb,
 )
 from ..core.decision import Outcome
 from ..core.review import AdmissionReview
+from ..core.reviewing import Result, Reviewing
 from ..core.runtimes import RuntimeSource
 from ..core.settings import Settings
 from ..core.sources import switch_line

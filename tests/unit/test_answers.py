@@ -1,0 +1,133 @@
+"""Answers kept for TrainJob CREATEs that repeat (webhook.core.answers, issue 49): found only with the same verb,
+namespace, spec, settings, runtime and admission time; refusals never kept; bounded in entries and key size."""
+
+import copy
+import dataclasses
+
+from tests.helpers import ROUTE1, ROUTE2, Clock, Runtimes, admission, ops_of, review, runtime, settings, trainjob
+from webhook.core import answers, patch
+from webhook.core.admission import MUTATE, Admission
+
+
+def decide(adm: Admission, obj: dict, verb: str = "mutate", uid: str = "uid-1") -> tuple[dict, int]:
+    """The response and how many plans the review made (0: answered from a kept answer)."""
+    before = adm.plans
+    resp = adm.review(review(obj, uid=uid), verb)[0]["response"]
+    return resp, adm.plans - before
+
+
+def kept_under(obj: dict) -> answers.Key | None:
+    return answers.Answers().find(review(obj), MUTATE, None, Runtimes(), str)[1]
+
+
+def test_a_repeated_create_is_answered_as_it_was_decided_with_its_own_uid():
+    adm = admission()
+    first, planned = decide(adm, trainjob(name="a"))
+    assert planned == 1 and len(adm.answers) == 1
+    again, planned = decide(adm, trainjob(name="b"), uid="uid-2")
+    assert planned == 0 and again == {**first, "uid": "uid-2"}
+    fresh, _ = decide(admission(), trainjob(name="b"), uid="uid-2")
+    assert again == fresh  # what deciding in full answers
+
+
+def test_each_verb_namespace_and_spec_is_kept_apart():
+    adm = admission()
+    mutated = patch.apply(trainjob(), ops_of(decide(adm, trainjob())[0]))
+    for obj, verb in ((mutated, "validate"), (trainjob(namespace="team-b"), "mutate"),
+                      (trainjob(numProcPerNode=2), "mutate")):
+        assert decide(adm, obj, verb)[1] == 1
+    assert len(adm.answers) == 4
+    assert decide(adm, mutated, "validate") == ({"uid": "uid-1", "allowed": True}, 0)
+
+
+def test_a_refusal_is_not_kept():
+    adm = admission()
+    refused = trainjob(runtime_name="missing")
+    assert decide(adm, refused)[0]["allowed"] is False
+    assert decide(adm, refused)[1] == 1 and len(adm.answers) == 0
+
+
+def test_a_changed_runtime_is_read_and_decided_again():
+    runtimes = Runtimes(runtime())
+    adm = Admission(settings(ROUTE1), runtimes)
+    decide(adm, trainjob())
+    reads = runtimes.reads
+    assert decide(adm, trainjob())[1] == 0 and runtimes.reads == reads + 1  # read on every review
+    runtimes.index.put(runtime(jobs={"node": {"containers": [{"name": "other"}]}}))  # no `node` container: R3
+    resp, planned = decide(adm, trainjob())
+    assert planned == 1 and resp["allowed"] is False
+    runtimes.index.delete(runtime())
+    assert decide(adm, trainjob())[0]["allowed"] is False
+
+
+def test_switched_settings_decide_again():
+    adm = Admission(settings(ROUTE1), Runtimes(runtime()), grace=0)
+    decide(adm, trainjob())
+    assert adm.switch(dataclasses.replace(adm.settings, manager="other.example.com"))
+    resp, planned = decide(adm, trainjob())
+    assert planned == 1 and ops_of(resp)[0]["value"][0]["manager"] == "other.example.com"
+
+
+def test_nothing_is_kept_while_the_previous_settings_grace_lasts():
+    clock = Clock()
+    adm = Admission(settings(ROUTE1), Runtimes(runtime()), monotonic=clock, grace=600)
+    adm.switch(dataclasses.replace(adm.settings, manager="other.example.com"))
+    decide(adm, trainjob())
+    assert len(adm.answers) == 0
+    clock.now += 600
+    decide(adm, trainjob())
+    assert len(adm.answers) == 1
+
+
+def test_a_new_second_stamps_a_new_time():
+    now = [admission().clock.now()]
+    adm = Admission(settings(ROUTE1), Runtimes(runtime()), clock=lambda: now[0])
+    first, _ = decide(adm, trainjob())
+    now[0] = now[0].replace(second=(now[0].second + 1) % 60)
+    second, planned = decide(adm, trainjob())
+    assert planned == 1 and ops_of(first)[0]["value"][0]["time"] != ops_of(second)[0]["value"][0]["time"]
+
+
+def test_a_spec_is_kept_up_to_key_limit_bytes_as_json():
+    def job_of_size(size: int) -> dict:
+        job = trainjob(env=[{"name": "A", "value": ""}])
+        base = len(answers.orjson.dumps(job["spec"], option=answers.orjson.OPT_SORT_KEYS))
+        job["spec"]["trainer"]["env"][0]["value"] = "x" * (size - base)
+        return job
+
+    at, over = job_of_size(answers.KEY_LIMIT), job_of_size(answers.KEY_LIMIT + 1)
+    assert kept_under(at) is not None
+    assert kept_under(over) is None
+    adm = admission()
+    decide(adm, at), decide(adm, over)
+    assert len(adm.answers) == 1
+
+
+def test_a_spec_orjson_cannot_write_is_decided_in_full():
+    job = trainjob(numProcPerNode=2 ** 64)
+    assert kept_under(job) is None
+    adm = admission()
+    decide(adm, job)
+    assert decide(adm, job)[1] == 1 and len(adm.answers) == 0
+
+
+def test_at_most_entries_answers_are_kept_the_oldest_dropped_first():
+    adm = admission()
+    adm.answers = answers.Answers(entries=3)
+    jobs = [trainjob(namespace=f"ns-{i}") for i in range(4)]
+    for job in jobs[:3]:
+        decide(adm, job)
+    assert len(adm.answers) == 3
+    decide(adm, jobs[3])
+    assert len(adm.answers) == 3
+    assert [decide(adm, job)[1] for job in jobs[1:]] == [0, 0, 0]
+    assert decide(adm, jobs[0])[1] == 1
+
+
+def test_a_kept_answer_hands_out_copies():
+    adm = admission(ROUTE2)
+    first, _ = decide(adm, trainjob(runtime_name="torch-init"))
+    assert first.get("warnings")
+    first["warnings"].append("changed by its receiver")
+    again, planned = decide(adm, copy.deepcopy(trainjob(runtime_name="torch-init")))
+    assert planned == 0 and "changed by its receiver" not in again["warnings"]
