@@ -131,3 +131,33 @@ def test_a_kept_answer_hands_out_copies():
     first["warnings"].append("changed by its receiver")
     again, planned = decide(adm, copy.deepcopy(trainjob(runtime_name="torch-init")))
     assert planned == 0 and "changed by its receiver" not in again["warnings"]
+
+
+# What a rule's hook is handed, by point. Kept answers are sound because no hook sees more than the key (the verb,
+# namespace and spec) and what a kept answer is found with (the settings, the runtime, the second): no context
+# carries the TrainJob's metadata, the request or its user. A new field here must keep that true, or `Answers.find`
+# must key on it too.
+CONTEXT_FIELDS = {
+    "InEntry": {"settings", "reasons", "field", "name", "item", "job", "container", "mount_path", "normal", "looks"},
+    "TrainerEnv": {"settings", "reasons", "spec", "field", "name"},
+    "RefGiven": {"reasons", "spec", "ref", "name", "api_group", "kind", "group_ok", "kind_ok"},
+    "Lookup": {"reasons", "ref", "runtime"},
+    "OfRuntime": {"settings", "reasons", "runtime", "targets"},
+    "RuntimeMount": {"settings", "reasons", "runtime", "job", "target", "container", "volume", "source"},
+    "AgainstRuntime": {"settings", "reasons", "spec", "ref", "facts", "env"},
+    "OwnEntry": {"settings", "reasons", "own", "entry", "previous", "create", "readable", "duplicate"},
+    "EntryUpdate": {"settings", "reasons", "own", "old_own"},
+    "Room": {"reasons", "count"},
+    "Unreadable": {"reasons", "field", "text"},
+}
+
+
+def test_no_hook_sees_what_a_kept_answer_is_not_keyed_on():
+    from webhook.core.rule import Point
+
+    for point in Point:
+        context = point.value[1]
+        got = {f.name for f in dataclasses.fields(context)}
+        assert got == CONTEXT_FIELDS[context.__name__], (
+            f"{point.name}'s context {context.__name__} changed: {sorted(got)}; if a hook can now see what the key"
+            " of a kept answer does not hold (metadata, the request, its user), key on it in webhook.core.answers")

@@ -83,7 +83,7 @@ def test_the_packages_show_the_roles():
     assert loose == {"__main__", "api"}
 
 
-def test_no_module_over_500_lines_and_no_function_over_60():
+def test_no_module_over_400_lines_and_no_function_over_60():
     """What the layout promises a reader (issue 36): every module and function of the package fits on a page or two."""
     import ast
     from pathlib import Path
@@ -93,7 +93,7 @@ def test_no_module_over_500_lines_and_no_function_over_60():
     too_long = []
     for path in sorted(Path(webhook.__path__[0]).rglob("*.py")):
         text = path.read_text()
-        if text.count("\n") > 500:
+        if text.count("\n") > 400:
             too_long.append(f"{path.name}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
