@@ -83,10 +83,15 @@ def api(cluster, pool: int):
     return client.CustomObjectsApi(client.ApiClient(cfg))
 
 
+DISTINCT = False  # --distinct: each TrainJob's spec its own (an env value), so none is answered from a kept answer
+
+
 def create_many(custom, prefix: str, n: int, concurrency: int, namespace: str = NS) -> list[float]:
     """Create n suspended TrainJobs at a fixed concurrency; each create's latency in ms, as the client saw it."""
     def one(i: int) -> float:
         job = trainjob(name=f"{prefix}-{i}", namespace=namespace, suspend=True)
+        if DISTINCT:
+            job["spec"].setdefault("trainer", {}).setdefault("env", []).append({"name": "RUN_INDEX", "value": str(i)})
         started = time.perf_counter()
         custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", job)
         return 1000 * (time.perf_counter() - started)
@@ -409,7 +414,12 @@ def main() -> int:
     p.add_argument("--no-kyverno", action="store_true",
                    help="section 4 without Kyverno (ours against the in-tree policies)")
     p.add_argument("--ready-only", action="store_true", help="section 3 alone (serve to ready, memory)")
+    p.add_argument("--distinct", action="store_true",
+                   help="each TrainJob's spec its own (an env value): every review decided in full, none answered"
+                        " from a kept answer (webhook.core.answers)")
     args = p.parse_args()
+    global DISTINCT
+    DISTINCT = args.distinct
     n, counts = (100, "1,1000") if args.quick else (args.n, args.runtimes)
     kyverno = "only" if args.kyverno_only else "also" if args.kyverno else ""
     runtime_counts = [int(x) for x in counts.split(",")]
