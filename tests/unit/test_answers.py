@@ -88,11 +88,11 @@ def test_a_new_second_stamps_a_new_time():
     assert planned == 1 and ops_of(first)[0]["value"][0]["time"] != ops_of(second)[0]["value"][0]["time"]
 
 
-def test_a_spec_is_kept_up_to_key_limit_bytes_as_json():
+def test_a_spec_is_kept_up_to_key_limit_bytes_as_json_with_its_namespace():
     def job_of_size(size: int) -> dict:
         job = trainjob(env=[{"name": "A", "value": ""}])
         base = len(answers.orjson.dumps(job["spec"], option=answers.orjson.OPT_SORT_KEYS))
-        job["spec"]["trainer"]["env"][0]["value"] = "x" * (size - base)
+        job["spec"]["trainer"]["env"][0]["value"] = "x" * (size - base - len(job["metadata"]["namespace"]))
         return job
 
     at, over = job_of_size(answers.KEY_LIMIT), job_of_size(answers.KEY_LIMIT + 1)
@@ -161,3 +161,85 @@ def test_no_hook_sees_what_a_kept_answer_is_not_keyed_on():
         assert got == CONTEXT_FIELDS[context.__name__], (
             f"{point.name}'s context {context.__name__} changed: {sorted(got)}; if a hook can now see what the key"
             " of a kept answer does not hold (metadata, the request, its user), key on it in webhook.core.answers")
+
+
+# ---- what an attacker's review of kept answers found (2026-12-07): each decided in full now ----
+
+def test_a_namespace_counts_toward_the_key_limit():
+    """A direct caller's namespace of any size would be held by a kept answer (256 of them: the worker's memory)."""
+    adm = admission()
+    decide(adm, trainjob(namespace="n" * answers.KEY_LIMIT))
+    assert len(adm.answers) == 0
+
+
+def test_nan_and_infinities_are_not_kept_under_null():
+    """orjson writes NaN and infinities as null; the body's parser reads them as floats, which the rules refuse."""
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        adm = admission()
+        nulled = trainjob()
+        nulled["spec"]["trainer"] = None
+        assert decide(adm, nulled)[0]["allowed"]
+        odd = trainjob()
+        odd["spec"]["trainer"] = bad
+        got, planned = decide(adm, odd, uid="uid-2")
+        assert planned == 1 and not got["allowed"], (bad, got)
+        assert "spec.trainer: must be an object" in got["status"]["message"]
+
+
+def test_a_fault_of_the_runtime_source_on_a_kept_key_is_decided_in_full():
+    class Flaky(Runtimes):
+        broken = False
+
+        def get(self, kind, namespace, name):
+            if self.broken:
+                raise OSError("lmdb: MDB_READERS_FULL")
+            return super().get(kind, namespace, name)
+
+    source = Flaky(runtime())
+    adm = Admission(settings(ROUTE1), source)
+    assert decide(adm, trainjob(name="a"))[0]["allowed"] and len(adm.answers) == 1
+    source.broken = True
+    got, planned = decide(adm, trainjob(name="b"), uid="uid-2")
+    assert planned == 1 and not got["allowed"] and "ErrInternal" in got["status"]["message"]
+
+
+def test_nothing_is_kept_in_warn_mode():
+    """In warn mode a fault admits with a would-deny warning and no patch: kept, it would outlive the fault."""
+    from webhook.core.admission import Enforcement
+
+    adm = Admission(settings(ROUTE1), Runtimes(runtime()), enforcement=Enforcement.WARN)
+    got = decide(adm, trainjob())[0]
+    assert got["allowed"] and "patch" in got and len(adm.answers) == 0
+
+
+def test_an_answer_planned_with_the_previous_settings_is_not_kept_when_the_grace_ends_before_keeping():
+    class Stepping:  # each read a little later: the grace ends between the plan's read and the keeping's
+        def __init__(self, now: float):
+            self.now = now
+
+        def __call__(self) -> float:
+            self.now += 0.001
+            return self.now
+
+    old = settings(ROUTE1)
+    new = settings({"publish": {"image": ROUTE1["publish"]["image"][:-4] + "beef"}})
+    mutated_old = patch.apply(trainjob(), ops_of(decide(Admission(old, Runtimes(runtime())), trainjob())[0]))
+    clock = Stepping(1000.0)
+    adm = Admission(old, Runtimes(runtime()), monotonic=clock, grace=600)
+    adm.switch(new)
+    clock.now = adm._live.previous_until - 0.0015
+    assert decide(adm, mutated_old, "validate")[0]["allowed"]
+    assert len(adm.answers) == 0
+    clock.now += 3600
+    assert not decide(adm, mutated_old, "validate", uid="u2")[0]["allowed"]  # S4, after the grace
+
+
+def test_an_empty_metadata_name_takes_the_requests():
+    adm = admission()
+    obj = trainjob()
+    decide(adm, obj)
+    obj["metadata"]["name"] = ""
+    doc = review(obj, uid="uid-2")
+    doc["request"]["name"] = "from-request"
+    result, outcome = adm.review(doc, "mutate")
+    assert outcome.name == "from-request"

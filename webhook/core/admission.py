@@ -190,10 +190,12 @@ class Admission:
     def _keep(self, key: answers.Key, live: _Live, stamp: str, plan: Plan, lookups: dict[RuntimeRef, _Lookup],
               result: Result) -> None:
         """Keep an answer decided with one runtime read, the settings `live` throughout, outside any grace period
-        and within one second (webhook.core.answers)."""
+        (nor planned with the previous settings: the grace may end between the plan and here), within one
+        second, and when enforcing (webhook.core.answers)."""
         if (len(lookups) != 1 or self._live is not live or plan.stage is not Stage.CREATE
-                or plan.settings is not live.settings or stamp != self.clock.stamp()
-                or (live.previous is not None and self.monotonic() < live.previous_until)):
+                or plan.settings is not live.settings or stamp != self.clock.stamp() or plan.previous is not None
+                or (live.previous is not None and self.monotonic() < live.previous_until)
+                or self.enforcement is not Enforcement.ENFORCE):  # warn: a fault admits, and must not be kept
             return
         (ref, found), = lookups.items()
         if found.runtime is not None and not found.reasons:

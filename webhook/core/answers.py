@@ -6,8 +6,9 @@ the admission time (a review's name never changes a decision that admits it: onl
 an answer that admits is kept under the verb, the namespace and the spec as JSON text (orjson, keys sorted: equal
 texts are equal JSON values, `true` never `1`), with the settings, the runtime and the time it was decided with;
 a review finds it only while all three are the same (the runtime read again, as every review reads it). A refusal,
-an UPDATE, a spec over KEY_LIMIT bytes or one orjson cannot write, and a decision made while the previous
-settings' grace lasts are never kept: they are decided in full each time.
+an UPDATE, a spec and namespace over KEY_LIMIT bytes, one orjson cannot write or writes with a `null` (NaN and
+infinities among them), a decision in warn or audit mode, and one made with the previous settings or while their
+grace lasts are never kept: they are decided in full each time, as is a kept key whose runtime cannot be read.
 
 Why: a review that reaches a worker idle for milliseconds (every review at concurrency 1) costs 10 times what it
 costs back to back, in proportion to the code and memory it touches (docs/performance.md, "A review after
@@ -26,7 +27,7 @@ from .decision import Outcome, Verb
 from .request import names
 from .review import API_VERSION
 from .reviewing import Result
-from .runtimes import GROUP, PLURALS, TRAINJOB_KIND, Runtime, RuntimeRef, RuntimeSource, RuntimeUnavailable
+from .runtimes import GROUP, PLURALS, TRAINJOB_KIND, Runtime, RuntimeRef, RuntimeSource
 
 TRAINJOBS = PLURALS[TRAINJOB_KIND]
 ENTRIES = 256      # answers kept, the oldest kept dropped first
@@ -77,13 +78,17 @@ class Answers:
         if spec.__class__ is not dict or meta.__class__ is not dict:
             return None, None
         name, namespace = meta.get("name"), meta.get("namespace")
-        if name.__class__ is not str or namespace.__class__ is not str or not namespace:
+        if name.__class__ is not str or not name or namespace.__class__ is not str or not namespace:
             name, namespace = names(req, obj)  # the metadata's, else the request's
+            name = name or str(req.get("name") or "")  # as a review decided in full names it
         try:
             text = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
         except (TypeError, orjson.JSONEncodeError):  # past 64-bit integers, lone surrogates, nested past 255
             return None, None
-        if len(text) > KEY_LIMIT:
+        # The namespace counts too (the API server sends at most 63 bytes; a direct caller, any size). A `null`
+        # may be NaN or an infinity the body's parser read (orjson writes them as null): such a spec is decided
+        # in full, never under the key of one holding null.
+        if len(text) + len(namespace) > KEY_LIMIT or b"null" in text:
             return None, None
         key = (verb, namespace, text)
         kept = self._items.get(key)
@@ -96,8 +101,8 @@ class Answers:
         ref = kept.ref
         try:
             runtime = runtimes.get(ref.kind, ref.namespace, ref.name)
-        except RuntimeUnavailable:
-            return None  # decided in full, which says so
+        except Exception:  # RuntimeUnavailable, or a fault of the source: decided in full, which says so
+            return None
         if runtime is not kept.runtime and runtime != kept.runtime:  # changed, gone or PENDING
             return None
         if kept.stamp and kept.stamp != stamp():
