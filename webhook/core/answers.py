@@ -31,7 +31,7 @@ from .runtimes import GROUP, PLURALS, TRAINJOB_KIND, Runtime, RuntimeRef, Runtim
 
 TRAINJOBS = PLURALS[TRAINJOB_KIND]
 ENTRIES = 256      # answers kept, the oldest kept dropped first
-KEY_LIMIT = 4096   # a spec longer than this as JSON text is decided in full each time
+KEY_LIMIT = 4096   # bytes of spec (as JSON text) and namespace: a longer key is decided in full each time
 
 
 class Kept(NamedTuple):
@@ -124,9 +124,6 @@ class Answers:
         if "warnings" in kept:
             kept["warnings"] = tuple(kept["warnings"])  # the caller's list is its own
         self.put(key, Kept(live, stamp if outcome.ops else "", read[0], read[1], kept, outcome.ops, outcome.warnings))
-
-    def get(self, key: Key) -> Kept | None:
-        return self._items.get(key)
 
     def put(self, key: Key, kept: Kept) -> None:
         with self._lock:
