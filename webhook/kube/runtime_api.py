@@ -6,11 +6,14 @@ item as it streams in (one runtime object at a time, at most the API server's ob
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from ..core.runtimes import CLUSTER_KIND, GROUP, PLURALS, VERSION, Runtime, RuntimeUnavailable
 from .reflector import Gone, ReadStats, slim
+
+log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 240
 LIST_PAGE = 500  # the most items a list page asks for; a page is parsed item by item as it streams in
@@ -27,7 +30,14 @@ class Listing:
     """Every runtime of `kind`, page by page (one snapshot: the pages share its resourceVersion), each item
     parsed as it streams in and cut to its essentials at once; `version` is the list's resourceVersion once
     the pages are read. What is held at once is one item (at most the API server's object size) and the
-    parser's buffer, whatever the page holds."""
+    parser's buffer, whatever the page holds.
+
+    A page that fails (the API server's request timeout cuts a page too heavy for a loaded node; the connection
+    drops) is asked for again with a quarter of its runtimes: from the same continue token, which pins the same
+    snapshot and order, skipping the runtimes already yielded; a first page, which has no token to pin it, makes
+    the next list of this kind start smaller and the list fail (the reflector lists again after its backoff).
+    Without it, runtimes small first and at the byte cap after (a tenant orders them by name) made a 500-item
+    page of 31 MB that failed each time: the keeper never listed again."""
 
     version: str | None
 
@@ -35,26 +45,49 @@ class Listing:
         self.api, self.kind, self.version = api, kind, None
 
     def __iter__(self) -> Iterator[Runtime]:
-        token, version, limit = None, "", FIRST_PAGE
+        token, version, limit = None, "", self.api.first_page.get(self.kind, FIRST_PAGE)
+        ahead = 0  # runtimes past `token` already yielded: read before a page failed, not to be yielded again
         while True:
-            self.api.stats.request("list", self.kind)
-            kw: dict[str, Any] = {"_continue": token} if token else {}
-            answer = self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=limit,
-                                                             _request_timeout=(5, 60), _preload_content=False, **kw)
-            page, items = Page(answer), 0
+            page, seen = None, 0
             try:
-                for item in page:
-                    items += 1
-                    yield slim(item, self.kind)
-            finally:
-                answer.release_conn()
-            limit = next_limit(page.size, items)
+                answer = self._ask(token, limit)
+                page = Page(answer)
+                try:
+                    for item in page:
+                        seen += 1
+                        if seen > ahead:
+                            yield slim(item, self.kind)
+                finally:
+                    answer.release_conn()
+            except Exception as e:
+                self._failed(e, token, limit)
+                ahead, limit = max(ahead, seen), max(1, limit // 4)
+                continue
+            ahead = max(0, ahead - seen)
+            limit = next_limit(page.size, seen)
             meta = page.metadata()
             version = meta.get("resourceVersion") or version
             token = meta.get("continue")
             if not token:
                 self.version = version
                 return
+
+    def _ask(self, token: str | None, limit: int):
+        self.api.stats.request("list", self.kind)
+        kw: dict[str, Any] = {"_continue": token} if token else {}
+        return self.api.api.list_cluster_custom_object(GROUP, VERSION, PLURALS[self.kind], limit=limit,
+                                                       _request_timeout=(5, 60), _preload_content=False, **kw)
+
+    def _failed(self, error: Exception, token: str | None, limit: int) -> None:
+        """Return to read the page at `token` again, smaller; raise when that cannot help."""
+        if getattr(error, "status", None) == 410 or limit == 1:  # an expired continue token: list again
+            raise error
+        if token is None:
+            self.api.first_page[self.kind] = max(1, limit // 4)
+            raise error
+        self.api.stats.error("list", self.kind)
+        log.warning("%s list page of %d failed (%s): asking for %d", self.kind, limit, str(error)[:200],
+                    max(1, limit // 4))
 
 
 def next_limit(page_bytes: int, items: int) -> int:
@@ -117,6 +150,7 @@ class RuntimeAPI:
 
         self.api: Any = client.CustomObjectsApi(api_client)  # Any: the client types JSON answers as object
         self.stats = stats or ReadStats()
+        self.first_page: dict[str, int] = {}  # per kind, when a first page failed: what the next list asks for
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
