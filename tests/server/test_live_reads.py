@@ -74,6 +74,21 @@ def test_the_buckets_are_bounded_and_the_pod_keeps_a_ceiling():
     now[0] += 0.5  # the ceiling has 2.5 tokens again, each namespace's bucket half of one
     assert buckets.take("ns-4") is False, "ns-4's own bucket is still empty"
     assert buckets.take("ns-0") is True, "forgotten, ns-0 starts again full"
+    assert [buckets.take("ns-0") for _ in range(2)] == [False, False]
+
+
+def test_a_namespace_refused_by_the_ceiling_keeps_its_token():
+    """One tenant's flood empties the pod's ceiling: another namespace's reads refused by it meanwhile do not spend
+    that namespace's own tokens, so it reads again as soon as the ceiling refills."""
+    now = [0.0]
+    buckets = live_reads.Buckets(rate=0.1, burst=2, clock=lambda: now[0])
+    while buckets.take("flood"):
+        pass
+    for i in range(live_reads.BUCKETS):  # the flood across namespaces empties the ceiling
+        buckets.take(f"flood-{i}")
+    assert [buckets.take("quiet") for _ in range(5)] == [False] * 5, "the ceiling is empty"
+    now[0] += 10 / live_reads.POD_SHARES * 2  # the ceiling refills 2 tokens; "quiet"'s own bucket under 1 more
+    assert [buckets.take("quiet") for _ in range(2)] == [True, True], "quiet's burst was not spent while refused"
     assert len(live_reads.Buckets(10.0, 20)._buckets) == 0 and live_reads.BUCKETS == 1000
     answers = live_reads.Answers(API().get, rate=1.0, burst=1, clock=lambda: now[0])
     got = [answers.answer("TrainingRuntime", f"ns-{i}", "x")[0] for i in range(live_reads.BUCKETS + 50)]

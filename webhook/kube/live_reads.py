@@ -85,6 +85,10 @@ class TokenBucket:
                 return True
             return False
 
+    def give_back(self) -> None:
+        with self._lock:
+            self.tokens = min(self.burst, self.tokens + 1)
+
 
 class Buckets:
     """A token bucket per namespace, at most `most` of them (least recently used forgotten first), so what is
@@ -97,9 +101,16 @@ class Buckets:
         self.ceiling = TokenBucket(rate * POD_SHARES, burst * POD_SHARES, clock)
 
     def take(self, namespace: str) -> bool:
-        """A token of `namespace`'s bucket, then of the pod's ceiling; False (take nothing more) when either is
-        empty."""
-        return self._bucket(namespace).take() and self.ceiling.take()
+        """A token of `namespace`'s bucket, then of the pod's ceiling; False (take nothing) when either is empty:
+        a namespace's token is given back when the ceiling refuses, or one tenant's flood, emptying the ceiling,
+        would drain the others' buckets with reads that were never made."""
+        bucket = self._bucket(namespace)
+        if not bucket.take():
+            return False
+        if self.ceiling.take():
+            return True
+        bucket.give_back()
+        return False
 
     def _bucket(self, namespace: str) -> TokenBucket:
         with self._lock:
