@@ -150,6 +150,37 @@ def test_found_and_missing_are_remembered_for_a_while():
     assert len(api.reads) == 4
 
 
+def test_a_workers_remembered_names_are_read_and_written_from_two_threads_at_once(monkeypatch):
+    """The worker's loop reads what live reads answered while a review on a thread writes it: names forgotten (the
+    bound) between a read's lookup and its move to the end raised KeyError before the lock."""
+    import sys
+
+    from webhook.kube import cluster
+
+    monkeypatch.setattr(cluster, "REMEMBERED", 50)
+    remembered, errors = cluster._Remembered(), []
+
+    def run(step):
+        try:
+            for i in range(60_000):
+                step(("TrainingRuntime", "ns", str(i % 120)))
+        except Exception as e:
+            errors.append(repr(e))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes, as on a loaded worker
+    try:
+        threads = [threading.Thread(target=run, args=(lambda k: remembered.put(k, 1e9, None),)),
+                   *[threading.Thread(target=run, args=(lambda k: remembered.get(k, 0.0),)) for _ in range(2)]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
+
+
 def test_an_api_error_is_unavailable_and_not_remembered():
     api = API(fail=RuntimeUnavailable("the API server answered 500"))
     answers = live_reads.Answers(api.get, rate=100, burst=100)

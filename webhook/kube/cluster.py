@@ -9,6 +9,7 @@ API server are bounded per pod whatever the reviews name.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -23,23 +24,28 @@ REMEMBERED = 10_000  # names a worker remembers at once (found or missing), leas
 
 
 class _Remembered:
-    """Keys remembered until a time, at most REMEMBERED of them (least recently used forgotten first)."""
+    """Keys remembered until a time, at most REMEMBERED of them (least recently used forgotten first). Locked: the
+    worker's loop reads it while a review waiting on a thread for a live read writes it (a key forgotten between
+    a read's lookup and its move to the end raised KeyError)."""
 
     def __init__(self):
         self._items: OrderedDict[Key, tuple[float, Runtime | None]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, k: Key, now: float):
-        hit = self._items.get(k)
-        if hit is None or now >= hit[0]:
-            return None
-        self._items.move_to_end(k)
-        return hit
+        with self._lock:
+            hit = self._items.get(k)
+            if hit is None or now >= hit[0]:
+                return None
+            self._items.move_to_end(k)
+            return hit
 
     def put(self, k: Key, until: float, runtime: Runtime | None) -> None:
-        self._items[k] = (until, runtime)
-        self._items.move_to_end(k)
-        while len(self._items) > REMEMBERED:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[k] = (until, runtime)
+            self._items.move_to_end(k)
+            while len(self._items) > REMEMBERED:
+                self._items.popitem(last=False)
 
 
 class ClusterRuntimes:
