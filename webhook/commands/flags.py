@@ -37,7 +37,9 @@ def not_negative(text: str) -> float:
     return value
 
 
-def _live_read_flags(p: argparse.ArgumentParser) -> None:
+def _keeper_flags(p: argparse.ArgumentParser) -> None:
+    """What the runtime keeper is given: by `keep`, and by `serve` to the keeper it starts locally."""
+    from ..core.runtimes import NAMESPACE_SHARE
     from ..kube.live_reads import DEFAULT_BURST, DEFAULT_RATE, POD_SHARES
 
     p.add_argument("--live-reads-per-second", type=positive(float), default=DEFAULT_RATE, metavar="N",
@@ -46,6 +48,10 @@ def _live_read_flags(p: argparse.ArgumentParser) -> None:
                         " it, a review naming a runtime the cache lacks gets ErrUnavailable")
     p.add_argument("--live-reads-burst", type=positive(int), default=DEFAULT_BURST, metavar="N",
                    help=f"live reads at once after a quiet spell (default {DEFAULT_BURST})")
+    p.add_argument("--namespace-share", type=positive(int), default=NAMESPACE_SHARE, metavar="BYTES",
+                   help=f"a namespace's TrainingRuntimes held in full, in stored bytes (default {NAMESPACE_SHARE});"
+                        " past it a runtime is held as its name and the reason, and R5 refuses a TrainJob naming it"
+                        " (ErrUnsupported), giving the namespace's size and the share")
 
 
 def _serve_flags(sub) -> None:
@@ -69,7 +75,7 @@ def _serve_flags(sub) -> None:
     s.add_argument("--runtime-keeper", choices=["process", "external"], default="process",
                    help="process: start `dispatch-admission keep` beside the workers (emptying --runtime-store first);"
                         " external: another container keeps --runtime-store (the chart's native sidecar)")
-    _live_read_flags(s)
+    _keeper_flags(s)
     s.add_argument("--workers", type=positive(int), default=None,
                    help="gunicorn workers (default: gunicorn's configuration, else 2)")
     s.add_argument("-c", "--gunicorn-config", metavar="FILE",
@@ -129,13 +135,7 @@ def _keep_flags(sub) -> None:
                                     " pod's live reads (the chart's sidecar; serve starts one locally)")
     k.add_argument("--runtime-store", required=True, metavar="DIR", help="the store's directory, shared with serve")
     k.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then KUBECONFIG)")
-    _live_read_flags(k)
-    from ..core.runtimes import NAMESPACE_SHARE
-
-    k.add_argument("--namespace-share", type=positive(int), default=NAMESPACE_SHARE, metavar="BYTES",
-                   help=f"a namespace's TrainingRuntimes held in full, in stored bytes (default {NAMESPACE_SHARE});"
-                        " past it a runtime is held as its name and the reason, and R5 refuses a TrainJob naming it"
-                        " (ErrUnsupported), giving the namespace's size and the share")
+    _keeper_flags(k)
     k.add_argument("--fresh", action="store_true", help="empty the store first (default: keep what it holds, which"
                                                         " the workers answer from until the keeper has listed again)")
     k.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # serve's pid: die with it

@@ -25,7 +25,7 @@ from typing import Any
 from .. import certs
 from ..core.admission import PREVIOUS_SETTINGS_GRACE, Enforcement
 from ..core.errors import Denied, ErrInvalid, Reason
-from ..core.runtimes import KINDS, RuntimeSource
+from ..core.runtimes import KINDS, NAMESPACE_SHARE, RuntimeSource
 from ..core.settings import EXAMPLE, Settings, parse
 from ..process import heap, metrics
 from ..process.temporary import remove_at_exit
@@ -72,6 +72,7 @@ class ServeConfig:
     external_keeper: bool = False
     live_reads_per_second: float = 10.0
     live_reads_burst: int = 20
+    namespace_share: int = NAMESPACE_SHARE
     runtime_metric_labels: bool = False
     secret_tls: SecretTLS | None = None
     client_ca: str | None = None
@@ -161,7 +162,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         grace=args.previous_settings_grace, enforcement=Enforcement(args.enforcement),
         runtime_files=_dev_runtimes(args), kubeconfig=args.kubeconfig, runtime_store=args.runtime_store,
         external_keeper=args.runtime_keeper == "external", live_reads_per_second=args.live_reads_per_second,
-        live_reads_burst=args.live_reads_burst, runtime_metric_labels=bool(args.runtime_metric_labels),
+        live_reads_burst=args.live_reads_burst, namespace_share=args.namespace_share,
+        runtime_metric_labels=bool(args.runtime_metric_labels),
         secret_tls=SecretTLS(args.tls_secret, args.tls_service, namespace, args.webhook_configuration,
                              bool(args.tls_read_only)) if args.tls_secret else None,
         client_ca=args.client_ca, tls_options={k: v for k, v in found.items() if v},
@@ -231,7 +233,8 @@ def _start_keeper(config: ServeConfig, directory: str, master: int) -> None:
 
     command = [sys.executable, "-m", "webhook", "keep", "--runtime-store", directory, "--parent", str(master),
                "--live-reads-per-second", str(config.live_reads_per_second),
-               "--live-reads-burst", str(config.live_reads_burst), "--log-level", config.log_level]
+               "--live-reads-burst", str(config.live_reads_burst), "--namespace-share", str(config.namespace_share),
+               "--log-level", config.log_level]
     if config.kubeconfig:
         command += ["--kubeconfig", config.kubeconfig]
     keeper = subprocess.Popen(command)
