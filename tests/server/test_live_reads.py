@@ -63,6 +63,21 @@ def test_one_namespace_emptying_its_bucket_does_not_limit_another():
     assert answers.answer(ns, "tenant-a", "still-limited")[0] == "limited"
 
 
+def test_random_cluster_runtime_names_empty_the_asking_namespaces_bucket_only():
+    """A ClusterTrainingRuntime's live read is paid for by the namespace of the TrainJob naming it: one tenant's
+    random cluster names do not refuse another tenant's new ClusterTrainingRuntime (one bucket for all of them did),
+    and what a read found is answered to every namespace from memory, with no token."""
+    now = [0.0]
+    api = API(found={"new-cluster-runtime"})
+    answers = live_reads.Answers(api.get, rate=2.0, burst=3, clock=lambda: now[0])
+    flood = [answers.answer(KIND, "tenant-a", f"random-{i}")[0] for i in range(50)]
+    assert flood == ["missing"] * 3 + ["limited"] * 47
+    assert answers.answer(KIND, "tenant-b", "new-cluster-runtime")[0] == "found"
+    assert answers.answer(KIND, "tenant-a", "new-cluster-runtime")[0] == "found", "remembered, whoever asked"
+    assert answers.answer("TrainingRuntime", "tenant-a", "any")[0] == "limited", "one bucket a namespace, both kinds"
+    assert len(api.reads) == 4
+
+
 def test_the_buckets_are_bounded_and_the_pod_keeps_a_ceiling():
     """At most BUCKETS namespaces hold a bucket (the least recently used forgotten), and reviews spread over
     namespaces still read the API server at most POD_SHARES times a namespace's burst at once."""
@@ -210,13 +225,14 @@ def keeper_socket(tmp_path):
 def test_the_worker_asks_the_keeper_over_its_socket(keeper_socket):
     api = API(found={"new"})
     reads = keeper_socket(api, rate=1.0, burst=2)
-    assert reads.get(KIND, "", "new").name == "new"
-    assert reads.get(KIND, "", "absent") is None
-    with pytest.raises(RuntimeUnavailable, match="over their limit"):
-        reads.get(KIND, "", "third")
+    assert reads.get(KIND, "team-a", "new").name == "new"
+    assert reads.get(KIND, "team-a", "absent") is None
+    with pytest.raises(RuntimeUnavailable, match="for namespace team-a are over their limit"):
+        reads.get(KIND, "team-a", "third")
+    assert reads.get(KIND, "team-b", "third") is None, "the TrainJob's namespace pays: team-b's bucket is full"
     assert reads.get(KIND, "", "new").name == "new", "remembered: no token needed"
     assert reads.get(KIND, "", "Not-Valid") is None
-    assert len(api.reads) == 2
+    assert len(api.reads) == 3
 
 
 def test_no_keeper_is_unavailable_not_missing(tmp_path):

@@ -43,8 +43,9 @@ def _keeper_flags(p: argparse.ArgumentParser) -> None:
     from ..kube.live_reads import DEFAULT_BURST, DEFAULT_RATE, POD_SHARES
 
     p.add_argument("--live-reads-per-second", type=positive(float), default=DEFAULT_RATE, metavar="N",
-                   help=f"live reads of the API server a second per namespace (the ClusterTrainingRuntimes: one more),"
-                        f" on a cache miss (default {DEFAULT_RATE:g}; the pod's ceiling {POD_SHARES} times it); over"
+                   help=f"live reads of the API server a second per namespace (the TrainJob's, for a"
+                        f" ClusterTrainingRuntime too), on a cache miss (default {DEFAULT_RATE:g}; the pod's ceiling"
+                        f" {POD_SHARES} times it); over"
                         " it, a review naming a runtime the cache lacks gets ErrUnavailable")
     p.add_argument("--live-reads-burst", type=positive(int), default=DEFAULT_BURST, metavar="N",
                    help=f"live reads at once after a quiet spell (default {DEFAULT_BURST})")

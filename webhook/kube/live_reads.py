@@ -8,10 +8,12 @@ the pod's live reads are made in one place, the runtime keeper, which answers th
 in the store's directory and keeps, for the whole pod:
 
 - one read in flight per name (the workers asking for it at once share its answer);
-- a token bucket per namespace (`rate` a second, `burst` at once; the ClusterTrainingRuntimes share one of their
-  own): over it, the answer is `limited` at once, and the review naming that runtime alone gets ErrUnavailable
-  (503, retryable); runtimes in the store are answered as ever. A tenant reviewing random names in its namespace
-  empties its own bucket, never another namespace's (issue 47). At most BUCKETS namespaces have a bucket at once,
+- a token bucket per namespace (`rate` a second, `burst` at once), the namespace of the TrainJob naming the
+  runtime, a ClusterTrainingRuntime's too: over it, the answer is `limited` at once, and the review naming that
+  runtime alone gets ErrUnavailable (503, retryable); runtimes in the store are answered as ever. A tenant
+  reviewing random names in its namespace, of either kind, empties its own bucket, never another namespace's
+  (issue 47; one bucket for every ClusterTrainingRuntime let one tenant's random cluster names refuse every
+  other tenant's new ClusterTrainingRuntime). At most BUCKETS namespaces have a bucket at once,
   the least recently used forgotten first (a forgotten namespace starts again full: a tenant cycling through more
   namespaces than that gains at most `burst` reads a namespace, and must be able to review TrainJobs there);
   and under them one ceiling for the pod, POD_SHARES times a namespace's (50 a second, 100 at once by default),
@@ -50,7 +52,7 @@ FOUND_SECONDS = 5.0       # a runtime a read found is answered from memory this 
 MISSING_SECONDS = 1.0     # a confirmed miss, this long
 REMEMBERED = 10_000       # names remembered at once (found or missing), least recently used forgotten first
 BUCKETS = 1_000           # namespaces with a bucket at once (~420 bytes each with its name: 0.4 MiB), LRU first
-CLUSTER = ""              # the bucket of the ClusterTrainingRuntimes (no namespace is named "")
+CLUSTER = ""              # the bucket of ClusterTrainingRuntime reads no namespace asked for (no namespace is "")
 POD_SHARES = 5            # the pod's ceiling, in namespaces' rates: the API server's bound whatever the names
 ASK_TIMEOUT = 6.0         # a worker waits this long for the keeper's answer (its GET: 2 s connect, 3 s read)
 MAX_REQUEST = 1024        # kind, namespace and name, with separators
@@ -137,8 +139,9 @@ class _Flight:
 
 class Answers:
     """The keeper's side, without the socket: `answer(kind, namespace, name)` -> (outcome, payload), outcome one
-    of found (payload: the stored bytes), missing, limited, busy, unavailable (payload: why). `read` is the
-    API server's GET (a runtime object, None for 404, raises RuntimeUnavailable)."""
+    of found (payload: the stored bytes), missing, limited, busy, unavailable (payload: why); `namespace` is the
+    TrainJob's, whose bucket pays for the read, a ClusterTrainingRuntime's too. `read` is the API server's GET (a
+    runtime object, None for 404, raises RuntimeUnavailable)."""
 
     def __init__(self, read: Callable[[str, str, str], dict | None], rate: float = DEFAULT_RATE,
                  burst: int = DEFAULT_BURST, in_flight: int = IN_FLIGHT, clock: Callable[[], float] = time.monotonic,
@@ -151,11 +154,12 @@ class Answers:
         self._known: OrderedDict[tuple[str, str, str], tuple[float, str, bytes]] = OrderedDict()
 
     def answer(self, kind: str, namespace: str, name: str) -> tuple[str, bytes]:
-        outcome, payload = self._answer(kind, namespace if kind == NAMESPACED_KIND else "", name)
+        outcome, payload = self._answer(kind, namespace if kind == NAMESPACED_KIND else "", name,
+                                        namespace if _LABEL.match(namespace) else CLUSTER)
         self.count(outcome)
         return outcome, payload
 
-    def _answer(self, kind: str, namespace: str, name: str) -> tuple[str, bytes]:
+    def _answer(self, kind: str, namespace: str, name: str, asker: str) -> tuple[str, bytes]:
         if not can_exist(kind, namespace, name):
             return "missing", b""
         k = (kind, namespace, name)
@@ -167,7 +171,7 @@ class Answers:
             flight = self._flights.get(k)
             leader = flight is None
             if leader:
-                if not self.buckets.take(namespace if kind == NAMESPACED_KIND else CLUSTER):
+                if not self.buckets.take(asker):
                     return "limited", b""
                 flight = self._flights[k] = _Flight()
         assert flight is not None  # this worker's, or another's it waits for
@@ -278,7 +282,7 @@ class LiveReads:
         if outcome == b"missing":
             return None
         if outcome == b"limited":
-            where = f"namespace {namespace}" if kind == NAMESPACED_KIND else "ClusterTrainingRuntimes"
-            raise RuntimeUnavailable(f"this pod's live reads of the API server for {where} are over their limit")
+            raise RuntimeUnavailable(f"this pod's live reads of the API server for namespace {namespace or '(none)'}"
+                                     " are over their limit")
         why = data.decode("utf-8", "replace") or "no answer"
         raise RuntimeUnavailable(f"the runtime keeper could not read it: {why}")
