@@ -115,3 +115,20 @@ def test_the_checks_find_what_they_look_for():
         "    c.kubectl('get', 'pods')\n")
     assert sleeping_loops(sample) == {("wait", 2), ("retry", 5), ("method", 10)}
     assert sorted(raw_kubectl(sample)) == [16, 17, 18]
+
+
+def test_nothing_local_is_tracked():
+    """What .gitignore keeps local (the venv, certificates, builds) is not in git, and no tracked symlink leads out
+    of the checkout: a worktree's `.venv` symlink to another checkout's venv was committed once, and a clone's
+    `make install` would have written through it."""
+    import os
+    import subprocess
+
+    def git(*args: str) -> list[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+
+    ignored = [f for f in git("ls-files", "-z", "-ci", "--exclude-standard") if f]
+    assert ignored == [], f"tracked, though .gitignore keeps them local: {ignored}"
+    links = [line.split("\t", 1)[1] for line in git("ls-files", "-z", "-s") if line.startswith("120000 ")]
+    outside = [f for f in links if not os.path.realpath(ROOT / f).startswith(str(ROOT.resolve()) + os.sep)]
+    assert outside == [], f"tracked symlinks leading out of the checkout: {outside}"
