@@ -304,6 +304,22 @@ class Installed:
             raise AssertionError(f"{' '.join(cmd)} failed ({got.returncode}):\n{got.stdout}\n{got.stderr}")
         return got
 
+    def install(self, timeout: str = "8m") -> None:
+        """`helm install --wait` with the e2e values; a failed install raises with the pods, the release's events
+        and the webhook's logs."""
+        c = self.cluster
+        started = time.monotonic()
+        got = self.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
+                            "--timeout", timeout, values=self.values, check=False)
+        self.installed_in = time.monotonic() - started
+        if got.returncode != 0:
+            pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+            events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
+            logs_ = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=60", "--prefix", check=False)
+            raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}\n"
+                                 f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
+        print(f"helm install --wait: {self.installed_in:.0f}s")
+
     def pods(self) -> list[dict]:
         return kube(self.cluster).pods(RNS, SELECTOR)
 
@@ -355,21 +371,10 @@ def install_release(stack: contextlib.ExitStack, nc: NodeCluster, tmp: Path, web
                     timeout: str = "8m") -> Installed:
     """The chart installed (`helm install --wait`) with the e2e values, uninstalled when `stack` closes; a failed
     install raises with the pods, the release's events and the webhook's logs."""
-    c = nc.cluster
-    env = Installed(nc, c, nc.images, webhook_image, str(toolchain.helm_bin() / "helm"), tmp,
+    env = Installed(nc, nc.cluster, nc.images, webhook_image, str(toolchain.helm_bin() / "helm"), tmp,
                     webhook_values(nc.images, webhook_image))
     stack.callback(uninstall_leftovers, env)
-    started = time.monotonic()
-    got = env.helm_run("install", RELEASE, str(CHART), "--namespace", RNS, "--create-namespace", "--wait",
-                       "--timeout", timeout, values=env.values, check=False)
-    env.installed_in = time.monotonic() - started
-    if got.returncode != 0:
-        pods = c.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-        events = c.kubectl("get", "events", "-n", RNS, "--sort-by=.lastTimestamp", check=False).stdout
-        logs_ = c.kubectl("logs", "-n", RNS, "-l", SELECTOR, "--tail=60", "--prefix", check=False)
-        raise AssertionError(f"helm install failed:\n{got.stdout}\n{got.stderr}\n{pods}\n{events[-6000:]}\n"
-                             f"{logs_.stdout[-6000:]}{logs_.stderr[-2000:]}")
-    print(f"helm install --wait: {env.installed_in:.0f}s")
+    env.install(timeout)
     return env
 
 

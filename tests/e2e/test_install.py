@@ -1195,7 +1195,7 @@ def review_of_runtime(name: str) -> dict:
     return make_review(make_trainjob("small", namespace=NS, runtime_name=name))
 
 
-def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainjob(inst):
+def test_uninstall_removes_the_configurations_first_blocks_no_trainjob_and_install_works_again(inst):
     c = inst.cluster
     paths = {
         "ValidatingWebhookConfiguration":
@@ -1272,3 +1272,9 @@ def test_uninstall_removes_the_webhook_configurations_first_and_blocks_no_trainj
     assert entry(c.get("trainjob", "after-uninstall", NS)) is None
     c.kubectl("delete", "trainjob", "after-uninstall", "-n", NS)
     delete_load(c)
+    # Installed again over what the uninstall left (the certificate Secret, the hook's objects): it serves again, and
+    # the module's release is back for any test after this one.
+    inst.install()
+    got = c.apply(trainjob("after-reinstall", "torch-distributed", suspend=True))
+    assert "created" in got.stdout and entry(c.get("trainjob", "after-reinstall", NS)) is not None
+    c.kubectl("delete", "trainjob", "after-reinstall", "-n", NS)
