@@ -76,6 +76,9 @@ def test_random_cluster_runtime_names_empty_the_asking_namespaces_bucket_only():
     assert answers.answer(KIND, "tenant-a", "new-cluster-runtime")[0] == "found", "remembered, whoever asked"
     assert answers.answer("TrainingRuntime", "tenant-a", "any")[0] == "limited", "one bucket a namespace, both kinds"
     assert len(api.reads) == 4
+    assert [answers.answer(KIND, "", f"c-{i}")[0] for i in range(4)] == ["missing"] * 3 + ["limited"]
+    assert answers.answer(KIND, "x" * 64, "c-x")[0] == "limited", "no namespace is that long: the shared bucket"
+    assert answers.answer(KIND, "y" * 63, "c-y")[0] == "missing"
 
 
 def test_the_buckets_are_bounded_and_the_pod_keeps_a_ceiling():
@@ -90,6 +93,10 @@ def test_the_buckets_are_bounded_and_the_pod_keeps_a_ceiling():
     assert buckets.take("ns-4") is False, "ns-4's own bucket is still empty"
     assert buckets.take("ns-0") is True, "forgotten, ns-0 starts again full"
     assert [buckets.take("ns-0") for _ in range(2)] == [False, False]
+    assert len(live_reads.Buckets(10.0, 20)._buckets) == 0 and live_reads.BUCKETS == 1000
+    answers = live_reads.Answers(API().get, rate=1.0, burst=1, clock=lambda: now[0])
+    got = [answers.answer("TrainingRuntime", f"ns-{i}", "x")[0] for i in range(live_reads.BUCKETS + 50)]
+    assert got.count("missing") == live_reads.POD_SHARES and len(answers.buckets) == live_reads.BUCKETS
 
 
 def test_a_namespace_refused_by_the_ceiling_keeps_its_token():
@@ -104,10 +111,6 @@ def test_a_namespace_refused_by_the_ceiling_keeps_its_token():
     assert [buckets.take("quiet") for _ in range(5)] == [False] * 5, "the ceiling is empty"
     now[0] += 10 / live_reads.POD_SHARES * 2  # the ceiling refills 2 tokens; "quiet"'s own bucket under 1 more
     assert [buckets.take("quiet") for _ in range(2)] == [True, True], "quiet's burst was not spent while refused"
-    assert len(live_reads.Buckets(10.0, 20)._buckets) == 0 and live_reads.BUCKETS == 1000
-    answers = live_reads.Answers(API().get, rate=1.0, burst=1, clock=lambda: now[0])
-    got = [answers.answer("TrainingRuntime", f"ns-{i}", "x")[0] for i in range(live_reads.BUCKETS + 50)]
-    assert got.count("missing") == live_reads.POD_SHARES and len(answers.buckets) == live_reads.BUCKETS
 
 
 def test_over_the_rate_the_answer_is_limited_at_once():

@@ -155,7 +155,7 @@ class Answers:
 
     def answer(self, kind: str, namespace: str, name: str) -> tuple[str, bytes]:
         outcome, payload = self._answer(kind, namespace if kind == NAMESPACED_KIND else "", name,
-                                        namespace if _LABEL.match(namespace) else CLUSTER)
+                                        namespace if len(namespace) <= 63 and _LABEL.match(namespace) else CLUSTER)
         self.count(outcome)
         return outcome, payload
 
